@@ -1,0 +1,88 @@
+//! Leaf administration: `LEAF.TAGS` (Leaf's monitor page as a reply) and
+//! `LEAF.TAG CREATE|STEP` to manage tags without SQL.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{lossy, parse_i64, segment_error, wrong_arity};
+use crate::app::App;
+use crate::engine::segment::Segment;
+use crate::protocol::Reply;
+
+fn segment_reply(segment: Option<Segment>) -> Reply {
+    match segment {
+        None => Reply::Null,
+        Some(s) => Reply::map([
+            ("start", Reply::Integer(s.max - s.step + 1)),
+            ("end", Reply::Integer(s.max)),
+            ("next", Reply::Integer(s.next)),
+            ("remaining", Reply::Integer(s.remaining().max(0))),
+            ("step", Reply::Integer(s.step)),
+        ]),
+    }
+}
+
+/// `LEAF.TAGS`: one map per tag with its steps, max_id and both buffers.
+pub fn tags(app: &Arc<App>) -> Reply {
+    Reply::Array(
+        app.segments
+            .snapshot()
+            .into_iter()
+            .map(|t| {
+                Reply::map([
+                    ("tag", Reply::bulk(t.tag)),
+                    ("step", Reply::Integer(t.step)),
+                    ("table_step", Reply::Integer(t.table_step)),
+                    ("max_id", Reply::Integer(t.max_id)),
+                    ("current", segment_reply(t.current)),
+                    ("next", segment_reply(t.next)),
+                    ("loading", Reply::Integer(t.loading as i64)),
+                    (
+                        "last_error",
+                        t.last_error.map(Reply::bulk).unwrap_or(Reply::Null),
+                    ),
+                ])
+            })
+            .collect(),
+    )
+}
+
+/// `LEAF.TAG CREATE <tag> <step> [<start>]` and `LEAF.TAG STEP <tag> <step>`.
+pub async fn tag(args: &[Bytes], app: &Arc<App>) -> Reply {
+    let sub = &args[1];
+    let Ok(tag) = std::str::from_utf8(&args[2]) else {
+        return Reply::error("ERR tag may only contain printable ASCII characters without spaces");
+    };
+    let result = if sub.eq_ignore_ascii_case(b"create") {
+        if !(4..=5).contains(&args.len()) {
+            return wrong_arity("leaf.tag|create");
+        }
+        let step = match parse_i64(&args[3]) {
+            Ok(step) => step,
+            Err(reply) => return reply,
+        };
+        let start = match args.get(4).map(|a| parse_i64(a)).transpose() {
+            Ok(start) => start.unwrap_or(1),
+            Err(reply) => return reply,
+        };
+        app.segments.create_tag(tag, step, start, None).await
+    } else if sub.eq_ignore_ascii_case(b"step") {
+        if args.len() != 4 {
+            return wrong_arity("leaf.tag|step");
+        }
+        match parse_i64(&args[3]) {
+            Ok(step) => app.segments.set_step(tag, step).await,
+            Err(reply) => return reply,
+        }
+    } else {
+        return Reply::error(format!(
+            "ERR unknown subcommand '{}'. Try LEAF.TAG CREATE or LEAF.TAG STEP.",
+            lossy(sub)
+        ));
+    };
+    match result {
+        Ok(()) => Reply::ok(),
+        Err(e) => segment_error(&e),
+    }
+}

@@ -1,0 +1,226 @@
+//! Connection commands that Redis clients send during their handshake and health checks:
+//! PING, HELLO, AUTH, CLIENT …, SELECT, RESET (ECHO and QUIT are one-liners in the dispatcher).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{lossy, not_an_integer, parse_i64, wrong_arity, Session};
+use crate::app::App;
+use crate::protocol::{Reply, RespVersion};
+
+/// The Redis version leafd reports, so clients enable the RESP3/HELLO features it implements.
+pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
+
+pub fn ping(args: &[Bytes], _session: &Session) -> Reply {
+    match args.len() {
+        1 => Reply::Simple("PONG".into()),
+        2 => Reply::Bulk(args[1].clone()),
+        _ => wrong_arity("ping"),
+    }
+}
+
+/// Compares secrets in time that depends only on their lengths, not on where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u64;
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= u64::from(x ^ y);
+    }
+    diff == 0
+}
+
+/// Checks a username/password pair; only the `default` user exists for now.
+fn check_credentials(app: &App, user: &[u8], pass: &[u8]) -> Result<(), Reply> {
+    let Some(expected) = app.config.server.requirepass.as_deref() else {
+        return Err(Reply::error(
+            "ERR AUTH <password> called without any password configured for the default user. \
+             Are you sure your configuration is correct?",
+        ));
+    };
+    let user_ok = user.eq_ignore_ascii_case(b"default");
+    if constant_time_eq(pass, expected.as_bytes()) && user_ok {
+        Ok(())
+    } else {
+        Err(Reply::error(
+            "WRONGPASS invalid username-password pair or user is disabled.",
+        ))
+    }
+}
+
+/// `AUTH <password>` or `AUTH <username> <password>`.
+pub fn auth(args: &[Bytes], app: &Arc<App>, session: &mut Session) -> Reply {
+    let result = match args.len() {
+        2 => check_credentials(app, b"default", &args[1]),
+        3 => check_credentials(app, &args[1], &args[2]),
+        _ => return wrong_arity("auth"),
+    };
+    match result {
+        Ok(()) => {
+            session.authenticated = true;
+            Reply::ok()
+        }
+        Err(reply) => reply,
+    }
+}
+
+/// `HELLO [protover [AUTH username password] [SETNAME clientname]]`.
+pub fn hello(args: &[Bytes], app: &Arc<App>, session: &mut Session) -> Reply {
+    let mut protocol = session.protocol;
+    if let Some(version) = args.get(1) {
+        protocol = match parse_i64(version) {
+            Ok(2) => RespVersion::Resp2,
+            Ok(3) => RespVersion::Resp3,
+            Ok(_) => return Reply::error("NOPROTO unsupported protocol version"),
+            Err(_) => {
+                return Reply::error("ERR Protocol version is not an integer or out of range")
+            }
+        };
+    }
+    let mut name = None;
+    let mut i = 2;
+    while i < args.len() {
+        let option = &args[i];
+        if option.eq_ignore_ascii_case(b"auth") && i + 2 < args.len() {
+            if let Err(reply) = check_credentials(app, &args[i + 1], &args[i + 2]) {
+                return reply;
+            }
+            session.authenticated = true;
+            i += 3;
+        } else if option.eq_ignore_ascii_case(b"setname") && i + 1 < args.len() {
+            if let Err(reply) = validate_client_name(&args[i + 1]) {
+                return reply;
+            }
+            name = Some(args[i + 1].clone());
+            i += 2;
+        } else {
+            return Reply::error(format!(
+                "ERR Syntax error in HELLO option '{}'",
+                lossy(option)
+            ));
+        }
+    }
+    if !session.authenticated {
+        return Reply::error(
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the \
+             HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and \
+             select the RESP protocol version at the same time",
+        );
+    }
+    if name.is_some() {
+        session.name = name;
+    }
+    session.protocol = protocol;
+    Reply::map([
+        ("server", Reply::bulk("redis")),
+        ("version", Reply::bulk(REDIS_COMPAT_VERSION)),
+        ("proto", Reply::Integer(protocol.number())),
+        ("id", Reply::Integer(session.id as i64)),
+        ("mode", Reply::bulk("standalone")),
+        ("role", Reply::bulk("master")),
+        ("modules", Reply::Array(Vec::new())),
+    ])
+}
+
+fn validate_client_name(name: &[u8]) -> Result<(), Reply> {
+    if name.iter().all(|b| b.is_ascii_graphic()) {
+        Ok(())
+    } else {
+        Err(Reply::error(
+            "ERR Client names cannot contain spaces, newlines or special characters.",
+        ))
+    }
+}
+
+/// One line describing the connection, in the format of Redis's CLIENT INFO.
+fn client_info_line(session: &Session) -> String {
+    let text = |v: &Option<Bytes>| v.as_deref().map(lossy).unwrap_or_default();
+    format!(
+        "id={} addr={} name={} age={} db=0 resp={} lib-name={} lib-ver={}\n",
+        session.id,
+        session.addr,
+        text(&session.name),
+        session.created.elapsed().as_secs(),
+        session.protocol.number(),
+        text(&session.lib_name),
+        text(&session.lib_ver),
+    )
+}
+
+/// `CLIENT ID | SETNAME | GETNAME | SETINFO | INFO | LIST | NO-EVICT | NO-TOUCH | HELP`.
+pub fn client(args: &[Bytes], session: &mut Session) -> Reply {
+    let sub = args[1].to_ascii_lowercase();
+    match (sub.as_slice(), args.len()) {
+        (b"id", 2) => Reply::Integer(session.id as i64),
+        (b"getname", 2) => session.name.clone().map(Reply::Bulk).unwrap_or(Reply::Null),
+        (b"setname", 3) => match validate_client_name(&args[2]) {
+            Ok(()) => {
+                session.name = (!args[2].is_empty()).then(|| args[2].clone());
+                Reply::ok()
+            }
+            Err(reply) => reply,
+        },
+        (b"setinfo", 4) => {
+            let attr = args[2].to_ascii_lowercase();
+            match attr.as_slice() {
+                b"lib-name" => session.lib_name = Some(args[3].clone()),
+                b"lib-ver" => session.lib_ver = Some(args[3].clone()),
+                _ => return Reply::error(format!("ERR Unrecognized option '{}'", lossy(&args[2]))),
+            }
+            Reply::ok()
+        }
+        (b"info", 2) => Reply::Verbatim(client_info_line(session)),
+        (b"list", _) => Reply::Verbatim(client_info_line(session)),
+        (b"no-evict" | b"no-touch", 3) => Reply::ok(),
+        (b"help", 2) => Reply::Array(
+            [
+                "CLIENT <subcommand> [<arg> ...]. Subcommands are:",
+                "ID, GETNAME, SETNAME <name>, SETINFO <LIB-NAME|LIB-VER> <value>,",
+                "INFO, LIST, NO-EVICT <ON|OFF>, NO-TOUCH <ON|OFF>, HELP",
+            ]
+            .into_iter()
+            .map(|l| Reply::Simple(l.into()))
+            .collect(),
+        ),
+        (
+            b"id" | b"getname" | b"setname" | b"setinfo" | b"info" | b"no-evict" | b"no-touch"
+            | b"help",
+            _,
+        ) => wrong_arity(&format!("client|{}", String::from_utf8_lossy(&sub))),
+        _ => Reply::error(format!(
+            "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+            lossy(&args[1])
+        )),
+    }
+}
+
+/// `SELECT 0`: leafd has one logical database.
+pub fn select(args: &[Bytes]) -> Reply {
+    match parse_i64(&args[1]) {
+        Ok(0) => Reply::ok(),
+        Ok(_) => Reply::error("ERR DB index is out of range"),
+        Err(_) => not_an_integer(),
+    }
+}
+
+/// `RESET`: back to RESP2, no name, and unauthenticated when a password is set.
+pub fn reset(app: &Arc<App>, session: &mut Session) -> Reply {
+    session.protocol = RespVersion::Resp2;
+    session.name = None;
+    session.authenticated = app.config.server.requirepass.is_none();
+    Reply::Simple("RESET".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn constant_time_eq_compares_whole_secrets() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

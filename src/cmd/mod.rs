@@ -1,0 +1,138 @@
+//! Commands: each family parses its arguments into a type and applies it to the shared
+//! application state and the connection's [`Session`], producing one [`Reply`].
+
+mod admin;
+mod connection;
+mod segment;
+mod server;
+pub mod table;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::app::App;
+use crate::engine::segment::SegmentError;
+use crate::protocol::{Reply, RespVersion};
+
+/// Per-connection state that commands read and change.
+#[derive(Debug)]
+pub struct Session {
+    pub id: u64,
+    pub addr: String,
+    pub protocol: RespVersion,
+    pub authenticated: bool,
+    pub name: Option<Bytes>,
+    pub lib_name: Option<Bytes>,
+    pub lib_ver: Option<Bytes>,
+    pub created: Instant,
+    /// Set by QUIT: the connection closes after this reply is written.
+    pub closing: bool,
+}
+
+impl Session {
+    pub fn new(id: u64, addr: String, auth_required: bool) -> Session {
+        Session {
+            id,
+            addr,
+            protocol: RespVersion::Resp2,
+            authenticated: !auth_required,
+            name: None,
+            lib_name: None,
+            lib_ver: None,
+            created: Instant::now(),
+            closing: false,
+        }
+    }
+}
+
+/// Runs one command and returns its reply. Never fails: every problem is an error reply.
+pub async fn execute(app: &Arc<App>, session: &mut Session, args: Vec<Bytes>) -> Reply {
+    let Some(name) = args.first() else {
+        return Reply::error("ERR empty command");
+    };
+    let Some(spec) = table::lookup(name) else {
+        return unknown_command(&args);
+    };
+    if !spec.arity_ok(args.len()) {
+        return wrong_arity(spec.name);
+    }
+    if !session.authenticated && !spec.before_auth {
+        return Reply::error("NOAUTH Authentication required.");
+    }
+    match spec.name {
+        "incr" => match segment::Incr::parse(&args) {
+            Ok(cmd) => cmd.apply(app).await,
+            Err(reply) => reply,
+        },
+        "incrby" => match segment::IncrBy::parse(&args, app) {
+            Ok(cmd) => cmd.apply(app).await,
+            Err(reply) => reply,
+        },
+        "ping" => connection::ping(&args, session),
+        "echo" => Reply::Bulk(args[1].clone()),
+        "hello" => connection::hello(&args, app, session),
+        "auth" => connection::auth(&args, app, session),
+        "client" => connection::client(&args, session),
+        "select" => connection::select(&args),
+        "quit" => {
+            session.closing = true;
+            Reply::ok()
+        }
+        "reset" => connection::reset(app, session),
+        "command" => server::command(&args),
+        "info" => server::info(&args, app),
+        "time" => server::time(),
+        "config" => server::config(&args, app),
+        "leaf.tags" => admin::tags(app),
+        "leaf.tag" => admin::tag(&args, app).await,
+        _ => unknown_command(&args),
+    }
+}
+
+fn unknown_command(args: &[Bytes]) -> Reply {
+    let name = args.first().map(|a| lossy(a)).unwrap_or_default();
+    let rest: String = args
+        .iter()
+        .skip(1)
+        .take(8)
+        .map(|a| format!("'{}' ", lossy(a)))
+        .collect();
+    Reply::error(format!(
+        "ERR unknown command '{name}', with args beginning with: {rest}"
+    ))
+}
+
+pub(crate) fn wrong_arity(name: &str) -> Reply {
+    Reply::error(format!(
+        "ERR wrong number of arguments for '{name}' command"
+    ))
+}
+
+pub(crate) fn not_an_integer() -> Reply {
+    Reply::error("ERR value is not an integer or out of range")
+}
+
+/// A displayable, bounded copy of a client-supplied argument for error messages.
+pub(crate) fn lossy(arg: &[u8]) -> String {
+    let shown = &arg[..arg.len().min(128)];
+    String::from_utf8_lossy(shown).replace(['\r', '\n'], " ")
+}
+
+pub(crate) fn parse_i64(arg: &[u8]) -> Result<i64, Reply> {
+    std::str::from_utf8(arg)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(not_an_integer)
+}
+
+/// The RESP error for an engine error; the first word is stable and documented.
+pub(crate) fn segment_error(err: &SegmentError) -> Reply {
+    match err {
+        SegmentError::Unavailable { .. } | SegmentError::Storage(_) => {
+            Reply::error(format!("UNAVAILABLE {err}"))
+        }
+        _ => Reply::error(format!("ERR {err}")),
+    }
+}

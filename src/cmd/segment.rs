@@ -1,0 +1,72 @@
+//! Segment ID commands: `INCR segment:<tag>` and `INCRBY segment:<tag> <n>`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{lossy, parse_i64, segment_error};
+use crate::app::App;
+use crate::protocol::Reply;
+
+const SEGMENT_PREFIX: &[u8] = b"segment:";
+
+/// The tag named by a `segment:<tag>` key.
+fn tag_of(key: &Bytes) -> Result<&str, Reply> {
+    let tag = key.strip_prefix(SEGMENT_PREFIX).ok_or_else(|| {
+        Reply::error(format!(
+            "ERR unsupported key '{}': use segment:<tag>",
+            lossy(key)
+        ))
+    })?;
+    std::str::from_utf8(tag).map_err(|_| Reply::error(format!("ERR unknown tag '{}'", lossy(tag))))
+}
+
+/// `INCR segment:<tag>`: the next ID of the tag.
+pub struct Incr<'a> {
+    tag: &'a str,
+}
+
+impl<'a> Incr<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Incr<'a>, Reply> {
+        Ok(Incr {
+            tag: tag_of(&args[1])?,
+        })
+    }
+
+    pub async fn apply(self, app: &Arc<App>) -> Reply {
+        match app.segments.next_ids(self.tag, 1).await {
+            Ok(id) => Reply::Integer(id),
+            Err(e) => segment_error(&e),
+        }
+    }
+}
+
+/// `INCRBY segment:<tag> <n>`: a block of n contiguous IDs; the reply is the last one.
+pub struct IncrBy<'a> {
+    tag: &'a str,
+    count: i64,
+}
+
+impl<'a> IncrBy<'a> {
+    pub fn parse(args: &'a [Bytes], app: &App) -> Result<IncrBy<'a>, Reply> {
+        let tag = tag_of(&args[1])?;
+        let count = parse_i64(&args[2])?;
+        if count < 1 {
+            return Err(Reply::error("ERR increment must be positive"));
+        }
+        let max = app.config.server.max_incrby;
+        if count > max {
+            return Err(Reply::error(format!(
+                "ERR increment exceeds the maximum of {max}"
+            )));
+        }
+        Ok(IncrBy { tag, count })
+    }
+
+    pub async fn apply(self, app: &Arc<App>) -> Reply {
+        match app.segments.next_ids(self.tag, self.count).await {
+            Ok(last) => Reply::Integer(last),
+            Err(e) => segment_error(&e),
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Server commands: COMMAND (from the command table), INFO, TIME and a read-only CONFIG GET.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+
+use super::connection::REDIS_COMPAT_VERSION;
+use super::table::{self, CommandSpec, COMMANDS};
+use super::{lossy, wrong_arity};
+use crate::app::App;
+use crate::protocol::Reply;
+
+fn command_info(spec: &CommandSpec) -> Reply {
+    Reply::Array(vec![
+        Reply::bulk(spec.name),
+        Reply::Integer(spec.arity as i64),
+        Reply::Array(
+            spec.flags
+                .iter()
+                .map(|f| Reply::Simple((*f).into()))
+                .collect(),
+        ),
+        Reply::Integer(spec.first_key),
+        Reply::Integer(spec.last_key),
+        Reply::Integer(spec.key_step),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+    ])
+}
+
+fn command_docs(spec: &CommandSpec) -> Reply {
+    Reply::map([
+        ("summary", Reply::bulk(spec.summary)),
+        ("since", Reply::bulk("1.0.0")),
+        ("group", Reply::bulk(spec.group)),
+    ])
+}
+
+/// `COMMAND`, `COMMAND COUNT`, `COMMAND INFO [name…]`, `COMMAND DOCS [name…]`, `COMMAND LIST`.
+pub fn command(args: &[Bytes]) -> Reply {
+    let Some(sub) = args.get(1) else {
+        return Reply::Array(COMMANDS.iter().map(command_info).collect());
+    };
+    let names = &args[2..];
+    let selected = || -> Vec<&'static CommandSpec> {
+        if names.is_empty() {
+            COMMANDS.iter().collect()
+        } else {
+            names.iter().filter_map(|n| table::lookup(n)).collect()
+        }
+    };
+    match sub.to_ascii_lowercase().as_slice() {
+        b"count" if names.is_empty() => Reply::Integer(COMMANDS.len() as i64),
+        b"list" if names.is_empty() => {
+            Reply::Array(COMMANDS.iter().map(|c| Reply::bulk(c.name)).collect())
+        }
+        b"info" => {
+            if names.is_empty() {
+                return Reply::Array(COMMANDS.iter().map(command_info).collect());
+            }
+            Reply::Array(
+                names
+                    .iter()
+                    .map(|n| table::lookup(n).map(command_info).unwrap_or(Reply::Null))
+                    .collect(),
+            )
+        }
+        b"docs" => Reply::Map(
+            selected()
+                .into_iter()
+                .map(|c| (Reply::bulk(c.name), command_docs(c)))
+                .collect(),
+        ),
+        b"count" | b"list" => wrong_arity("command"),
+        _ => Reply::error(format!(
+            "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+            lossy(sub)
+        )),
+    }
+}
+
+/// `INFO [section …]`: server, clients, stats, persistence, replication, leafd, keyspace.
+pub fn info(args: &[Bytes], app: &Arc<App>) -> Reply {
+    let wanted: Vec<String> = args[1..]
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+        .collect();
+    let all = wanted.is_empty()
+        || wanted
+            .iter()
+            .any(|w| w == "all" || w == "default" || w == "everything");
+    let show = |section: &str| all || wanted.iter().any(|w| w == section);
+    let mut out = String::new();
+    let uptime = app.started_at.elapsed().as_secs();
+    if show("server") {
+        let _ = write!(
+            out,
+            "# Server\r\nredis_version:{REDIS_COMPAT_VERSION}\r\nleafd_version:{}\r\n\
+             redis_mode:standalone\r\nos:{} {}\r\narch_bits:64\r\nprocess_id:{}\r\n\
+             tcp_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n\r\n",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::OS,
+            std::env::consts::ARCH,
+            std::process::id(),
+            app.local_port(),
+            uptime / 86_400,
+        );
+    }
+    if show("clients") {
+        let _ = write!(
+            out,
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
+            app.stats.connected_clients.load(Ordering::Relaxed),
+            app.config.server.max_clients,
+        );
+    }
+    if show("stats") {
+        let _ = write!(
+            out,
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
+             rejected_connections:{}\r\n\r\n",
+            app.stats.total_connections.load(Ordering::Relaxed),
+            app.stats.total_commands.load(Ordering::Relaxed),
+            app.stats.rejected_connections.load(Ordering::Relaxed),
+        );
+    }
+    if show("persistence") {
+        out.push_str("# Persistence\r\nloading:0\r\n\r\n");
+    }
+    if show("replication") {
+        out.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n");
+    }
+    if show("leafd") {
+        let seg = app.segments.stats();
+        let _ = write!(
+            out,
+            "# Leafd\r\nsegment_storage:{}\r\nsegment_tags:{}\r\nsegment_ids_served:{}\r\n\
+             segment_loads_ok:{}\r\nsegment_loads_failed:{}\r\nsegment_request_waits:{}\r\n\r\n",
+            app.segments.store().backend(),
+            app.segments.tag_count(),
+            seg.ids_served.load(Ordering::Relaxed),
+            seg.loads_ok.load(Ordering::Relaxed),
+            seg.loads_failed.load(Ordering::Relaxed),
+            seg.request_waits.load(Ordering::Relaxed),
+        );
+    }
+    if show("keyspace") {
+        out.push_str("# Keyspace\r\n\r\n");
+    }
+    Reply::Verbatim(out)
+}
+
+/// `TIME`: unix seconds and microseconds, as bulk strings.
+pub fn time() -> Reply {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Reply::Array(vec![
+        Reply::bulk(now.as_secs().to_string()),
+        Reply::bulk(now.subsec_micros().to_string()),
+    ])
+}
+
+/// Matches Redis-style glob patterns with `*` and `?` (enough for CONFIG GET).
+fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    match (pattern.first(), text.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => {
+            glob_match(&pattern[1..], text) || (!text.is_empty() && glob_match(pattern, &text[1..]))
+        }
+        (Some(b'?'), Some(_)) => glob_match(&pattern[1..], &text[1..]),
+        (Some(p), Some(t)) if p.eq_ignore_ascii_case(t) => glob_match(&pattern[1..], &text[1..]),
+        _ => false,
+    }
+}
+
+/// `CONFIG GET <pattern> […]` over a harmless subset; `CONFIG SET` and friends are refused.
+pub fn config(args: &[Bytes], app: &Arc<App>) -> Reply {
+    let sub = args[1].to_ascii_lowercase();
+    if sub != b"get" {
+        return Reply::error(format!(
+            "ERR CONFIG {} is not supported by leafd; edit leafd.toml instead",
+            lossy(&args[1]).to_ascii_uppercase()
+        ));
+    }
+    if args.len() < 3 {
+        return wrong_arity("config|get");
+    }
+    let server = &app.config.server;
+    let params: [(&str, String); 8] = [
+        ("maxclients", server.max_clients.to_string()),
+        ("timeout", server.idle_timeout_secs.to_string()),
+        ("databases", "1".into()),
+        ("port", app.local_port().to_string()),
+        ("save", String::new()),
+        ("appendonly", "no".into()),
+        ("proto-max-bulk-len", server.max_bulk_len.to_string()),
+        ("bind", server.bind.clone()),
+    ];
+    Reply::Map(
+        params
+            .iter()
+            .filter(|(name, _)| {
+                args[2..]
+                    .iter()
+                    .any(|pattern| glob_match(pattern, name.as_bytes()))
+            })
+            .map(|(name, value)| (Reply::bulk(*name), Reply::bulk(value.clone())))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn glob_matches_like_redis() {
+        assert!(glob_match(b"*", b"maxclients"));
+        assert!(glob_match(b"max*", b"maxclients"));
+        assert!(glob_match(b"MAXCLIENTS", b"maxclients"));
+        assert!(glob_match(b"t?meout", b"timeout"));
+        assert!(!glob_match(b"max", b"maxclients"));
+        assert!(!glob_match(b"*x", b"maxclients"));
+    }
+}

@@ -1,0 +1,212 @@
+//! The command table: every command leafd knows, its arity and flags, in one place; used for
+//! dispatch, arity checks, NOAUTH gating and the COMMAND family's answers.
+
+/// What leafd tells clients about one command (the shape of Redis's COMMAND INFO).
+#[derive(Debug)]
+pub struct CommandSpec {
+    /// Lower-case name as clients send it.
+    pub name: &'static str,
+    /// Redis arity: `n` means exactly n arguments (name included), `-n` at least n.
+    pub arity: i32,
+    pub flags: &'static [&'static str],
+    pub first_key: i64,
+    pub last_key: i64,
+    pub key_step: i64,
+    pub group: &'static str,
+    pub summary: &'static str,
+    /// May run before the client authenticated.
+    pub before_auth: bool,
+}
+
+impl CommandSpec {
+    pub fn arity_ok(&self, argc: usize) -> bool {
+        if self.arity >= 0 {
+            argc == self.arity as usize
+        } else {
+            argc >= self.arity.unsigned_abs() as usize
+        }
+    }
+}
+
+const fn spec(
+    name: &'static str,
+    arity: i32,
+    flags: &'static [&'static str],
+    keys: (i64, i64, i64),
+    group: &'static str,
+    summary: &'static str,
+    before_auth: bool,
+) -> CommandSpec {
+    CommandSpec {
+        name,
+        arity,
+        flags,
+        first_key: keys.0,
+        last_key: keys.1,
+        key_step: keys.2,
+        group,
+        summary,
+        before_auth,
+    }
+}
+
+const NO_KEYS: (i64, i64, i64) = (0, 0, 0);
+const ONE_KEY: (i64, i64, i64) = (1, 1, 1);
+const WRITE: &[&str] = &["write", "denyoom", "fast"];
+const CONN: &[&str] = &["noscript", "loading", "stale", "fast"];
+const ADMIN: &[&str] = &["admin", "noscript"];
+
+/// Every command, the hot ones first (the table is scanned linearly).
+pub const COMMANDS: &[CommandSpec] = &[
+    spec(
+        "incr",
+        2,
+        WRITE,
+        ONE_KEY,
+        "string",
+        "Returns the next ID of segment:<tag>.",
+        false,
+    ),
+    spec(
+        "incrby",
+        3,
+        WRITE,
+        ONE_KEY,
+        "string",
+        "Reserves a block of n contiguous IDs of segment:<tag>; returns the last.",
+        false,
+    ),
+    spec(
+        "ping",
+        -1,
+        CONN,
+        NO_KEYS,
+        "connection",
+        "Returns PONG, or the argument.",
+        false,
+    ),
+    spec(
+        "echo",
+        2,
+        CONN,
+        NO_KEYS,
+        "connection",
+        "Returns the argument.",
+        false,
+    ),
+    spec(
+        "hello",
+        -1,
+        &["noscript", "loading", "stale", "fast", "no-auth"],
+        NO_KEYS,
+        "connection",
+        "Handshake: protocol version, authentication, client name.",
+        true,
+    ),
+    spec(
+        "auth",
+        -2,
+        &["noscript", "loading", "stale", "fast", "no-auth"],
+        NO_KEYS,
+        "connection",
+        "Authenticates the connection.",
+        true,
+    ),
+    spec(
+        "client",
+        -2,
+        CONN,
+        NO_KEYS,
+        "connection",
+        "Connection introspection: ID, SETNAME, GETNAME, SETINFO, INFO, LIST.",
+        false,
+    ),
+    spec(
+        "select",
+        2,
+        CONN,
+        NO_KEYS,
+        "connection",
+        "Selects database 0 (the only one).",
+        false,
+    ),
+    spec(
+        "quit",
+        -1,
+        &["noscript", "loading", "stale", "fast", "no-auth"],
+        NO_KEYS,
+        "connection",
+        "Closes the connection.",
+        true,
+    ),
+    spec(
+        "reset",
+        1,
+        &["noscript", "loading", "stale", "fast", "no-auth"],
+        NO_KEYS,
+        "connection",
+        "Resets the connection state.",
+        true,
+    ),
+    spec(
+        "command",
+        -1,
+        &["loading", "stale"],
+        NO_KEYS,
+        "server",
+        "Describes commands: COUNT, INFO, DOCS, LIST.",
+        false,
+    ),
+    spec(
+        "info",
+        -1,
+        &["loading", "stale"],
+        NO_KEYS,
+        "server",
+        "Server information and statistics.",
+        false,
+    ),
+    spec(
+        "time",
+        1,
+        &["loading", "stale", "fast"],
+        NO_KEYS,
+        "server",
+        "Returns the server time.",
+        false,
+    ),
+    spec(
+        "config",
+        -2,
+        &["admin", "noscript", "loading", "stale"],
+        NO_KEYS,
+        "server",
+        "CONFIG GET of a harmless subset of parameters.",
+        false,
+    ),
+    spec(
+        "leaf.tags",
+        1,
+        &["readonly"],
+        NO_KEYS,
+        "leaf",
+        "Every segment tag with its step, max_id and both buffers.",
+        false,
+    ),
+    spec(
+        "leaf.tag",
+        -3,
+        ADMIN,
+        NO_KEYS,
+        "leaf",
+        "LEAF.TAG CREATE <tag> <step> [<start>] | LEAF.TAG STEP <tag> <step>.",
+        false,
+    ),
+];
+
+/// Finds a command by name, ignoring ASCII case.
+pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
+    COMMANDS
+        .iter()
+        .find(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name))
+}

@@ -1,0 +1,328 @@
+//! Configuration: a TOML file with serde defaults for every key, overridden by `LEAFD_*`
+//! environment variables and CLI flags in `main`, validated once before anything starts.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::protocol::RequestLimits;
+
+/// Whole-server configuration. Every field has a default, so an empty file is valid.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub storage: StorageConfig,
+    pub segment: SegmentConfig,
+}
+
+/// The RESP listener and its per-client limits.
+#[derive(Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address of the RESP listener.
+    pub bind: String,
+    /// Connections beyond this get `-ERR max number of clients reached` and are closed.
+    pub max_clients: usize,
+    /// Close a connection that sent nothing for this many seconds; 0 disables it.
+    pub idle_timeout_secs: u64,
+    /// When set, clients must AUTH (or HELLO … AUTH) before any other command.
+    pub requirepass: Option<String>,
+    /// Largest block one `INCRBY segment:<tag> <n>` may take.
+    pub max_incrby: i64,
+    pub max_inline_len: usize,
+    pub max_bulk_len: usize,
+    pub max_array_len: usize,
+    pub max_request_len: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let limits = RequestLimits::default();
+        Self {
+            bind: "127.0.0.1:6380".into(),
+            max_clients: 10_000,
+            idle_timeout_secs: 0,
+            requirepass: None,
+            max_incrby: 100_000,
+            max_inline_len: limits.max_inline_len,
+            max_bulk_len: limits.max_bulk_len,
+            max_array_len: limits.max_array_len,
+            max_request_len: limits.max_request_len,
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_inline_len: self.max_inline_len,
+            max_bulk_len: self.max_bulk_len,
+            max_array_len: self.max_array_len,
+            max_request_len: self.max_request_len,
+        }
+    }
+}
+
+impl fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("bind", &self.bind)
+            .field("max_clients", &self.max_clients)
+            .field("idle_timeout_secs", &self.idle_timeout_secs)
+            .field(
+                "requirepass",
+                &self.requirepass.as_ref().map(|_| "<redacted>"),
+            )
+            .field("max_incrby", &self.max_incrby)
+            .field("limits", &self.request_limits())
+            .finish()
+    }
+}
+
+/// Where segments are stored: `sqlite://path`, `mysql://…` or `postgres://…`.
+#[derive(Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    pub url: String,
+    pub max_connections: u32,
+    /// How long a database call may wait for a pooled connection, in milliseconds.
+    pub acquire_timeout_ms: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://data/leafd.db".into(),
+            max_connections: 8,
+            acquire_timeout_ms: 1000,
+        }
+    }
+}
+
+impl StorageConfig {
+    /// The URL with any password replaced, for logs.
+    pub fn redacted_url(&self) -> String {
+        redact_url_password(&self.url)
+    }
+}
+
+impl fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StorageConfig")
+            .field("url", &self.redacted_url())
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout_ms", &self.acquire_timeout_ms)
+            .finish()
+    }
+}
+
+fn redact_url_password(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:<redacted>{}",
+            &url[..scheme_end + 3],
+            &authority[..colon],
+            &rest[at..]
+        ),
+        _ => url.to_string(),
+    }
+}
+
+/// The segment engine: Leaf's double buffer and adaptive step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SegmentConfig {
+    /// How often the tag list is re-read from the database, in seconds.
+    pub refresh_interval_secs: u64,
+    /// Leaf's adaptive step: double when a segment lasted < 15 min, halve when > 30 min.
+    pub adaptive_step: bool,
+    /// Upper bound of the adaptive step and of `LEAF.TAG` steps.
+    pub max_step: i64,
+    /// Longest a request waits for a segment load when both buffers are empty, in ms.
+    pub load_timeout_ms: u64,
+    /// Tags created at start when absent (`[[segment.tags]]`).
+    pub tags: Vec<TagSeed>,
+}
+
+impl Default for SegmentConfig {
+    fn default() -> Self {
+        Self {
+            refresh_interval_secs: 60,
+            adaptive_step: true,
+            max_step: 1_000_000,
+            load_timeout_ms: 1000,
+            tags: Vec::new(),
+        }
+    }
+}
+
+/// A tag to create at start if the table does not have it yet.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TagSeed {
+    pub tag: String,
+    pub step: i64,
+    /// The first ID the tag hands out.
+    #[serde(default = "default_start")]
+    pub start: i64,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+fn default_start() -> i64 {
+    1
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        path: String,
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Longest tag name, the width of `leaf_alloc.biz_tag`.
+pub const MAX_TAG_LEN: usize = 128;
+/// Largest first ID accepted for a tag, leaving room for billions of segments before i64 ends.
+pub const MAX_TAG_START: i64 = 1 << 62;
+
+/// Checks a tag name: 1–128 bytes of printable ASCII other than space.
+pub fn validate_tag_name(tag: &str) -> Result<(), String> {
+    if tag.is_empty() || tag.len() > MAX_TAG_LEN {
+        return Err(format!("tag must be 1 to {MAX_TAG_LEN} bytes long"));
+    }
+    if !tag.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("tag may only contain printable ASCII characters without spaces".into());
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Reads a TOML file; keys it leaves out keep their defaults.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { source, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: "<inline>".into(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Refuses values that would make the server misbehave rather than fail at start.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.server.bind.parse::<SocketAddr>().is_err() {
+            return invalid(format!(
+                "server.bind '{}' is not an ip:port address",
+                self.server.bind
+            ));
+        }
+        if self.server.max_clients == 0 {
+            return invalid("server.max_clients must be at least 1".into());
+        }
+        if self.server.max_incrby < 1 {
+            return invalid("server.max_incrby must be at least 1".into());
+        }
+        if self.server.max_array_len < 3 || self.server.max_bulk_len < 128 {
+            return invalid("server.max_array_len must be >= 3 and max_bulk_len >= 128".into());
+        }
+        if self.storage.max_connections == 0 {
+            return invalid("storage.max_connections must be at least 1".into());
+        }
+        if !(1..=i32::MAX as i64).contains(&self.segment.max_step) {
+            return invalid("segment.max_step must be between 1 and 2147483647".into());
+        }
+        if self.segment.refresh_interval_secs == 0 || self.segment.load_timeout_ms == 0 {
+            return invalid("segment.refresh_interval_secs and load_timeout_ms must be > 0".into());
+        }
+        for seed in &self.segment.tags {
+            validate_tag_name(&seed.tag)
+                .or_else(|e| invalid(format!("segment.tags '{}': {e}", seed.tag)))?;
+            if !(1..=self.segment.max_step).contains(&seed.step) {
+                return invalid(format!(
+                    "segment.tags '{}': step must be between 1 and {}",
+                    seed.tag, self.segment.max_step
+                ));
+            }
+            if !(1..=MAX_TAG_START).contains(&seed.start) {
+                return invalid(format!(
+                    "segment.tags '{}': start must be between 1 and {MAX_TAG_START}",
+                    seed.tag
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let cfg = Config::from_toml("").unwrap();
+        assert_eq!(cfg.server.bind, "127.0.0.1:6380");
+        assert_eq!(cfg.storage.url, "sqlite://data/leafd.db");
+        assert_eq!(cfg.segment.refresh_interval_secs, 60);
+        cfg.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        assert!(matches!(
+            Config::from_toml("[server]\nbindd = \"x\""),
+            Err(ConfigError::Parse { .. })
+        ));
+        let cfg = Config::from_toml("[[segment.tags]]\ntag = \"a b\"\nstep = 10").unwrap();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("printable ASCII"), "{err}");
+    }
+
+    #[test]
+    fn debug_output_hides_secrets() {
+        let cfg = Config::from_toml(
+            "[server]\nrequirepass = \"hunter2\"\n[storage]\nurl = \"mysql://root:s3cret@db:3306/leaf\"",
+        )
+        .unwrap();
+        let shown = format!("{:?} {:?}", cfg.server, cfg.storage);
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("mysql://root:<redacted>@db:3306/leaf"),
+            "{shown}"
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! One tag's double buffer: the current segment IDs are taken from, the next segment
+//! loaded in the background, and the bookkeeping that decides when to load.
+
+use std::sync::Arc;
+
+use crate::storage::StoreError;
+
+/// A contiguous range of IDs owned by this node: `next..=max` are still free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub next: i64,
+    pub max: i64,
+    pub step: i64,
+}
+
+impl Segment {
+    /// The segment `(max_id - step, max_id]` that an allocation returning `max_id` grants.
+    pub fn granted(max_id: i64, step: i64) -> Segment {
+        Segment {
+            next: max_id - step + 1,
+            max: max_id,
+            step,
+        }
+    }
+
+    pub fn remaining(&self) -> i64 {
+        self.max - self.next + 1
+    }
+
+    /// Takes `n` contiguous IDs and returns the last one.
+    fn take(&mut self, n: i64) -> Option<i64> {
+        if self.remaining() < n {
+            return None;
+        }
+        self.next += n;
+        Some(self.next - 1)
+    }
+}
+
+/// Why the last load failed; kept so requests arriving during the back-off get the same answer.
+#[derive(Debug, Clone)]
+pub enum LoadFailure {
+    UnknownTag,
+    Unavailable(Arc<str>),
+}
+
+impl LoadFailure {
+    pub fn from_store(err: &StoreError) -> LoadFailure {
+        match err {
+            StoreError::UnknownTag(_) => LoadFailure::UnknownTag,
+            other => LoadFailure::Unavailable(other.to_string().into()),
+        }
+    }
+}
+
+/// Everything about a tag's buffers, behind the tag's own mutex (held for nanoseconds).
+#[derive(Debug, Default)]
+pub struct BufferState {
+    pub current: Option<Segment>,
+    pub next: Option<Segment>,
+    /// A load is in flight; no second one is started.
+    pub loading: bool,
+    /// The step the last load used (0 before the first load).
+    pub step: i64,
+    /// The step stored in the table, as of the last load.
+    pub table_step: i64,
+    /// The table's `max_id` as returned by the last load.
+    pub max_id: i64,
+    /// When the last successful load happened (clock ms).
+    pub last_load_ms: Option<u64>,
+    /// The last load failed, and no load is started again before `retry_at_ms`.
+    pub failure: Option<LoadFailure>,
+    pub retry_at_ms: u64,
+    pub backoff_ms: u64,
+}
+
+/// Shortest and longest pause between failed loads of one tag.
+pub const MIN_BACKOFF_MS: u64 = 100;
+pub const MAX_BACKOFF_MS: u64 = 5_000;
+
+impl BufferState {
+    /// Takes `n` contiguous IDs from the current segment, switching to the next segment when the
+    /// current one cannot supply all `n` (its remainder is then skipped: IDs are unique and
+    /// increasing, not gap-free). Returns the last ID of the block.
+    pub fn take(&mut self, n: i64) -> Option<i64> {
+        if let Some(last) = self.current.as_mut().and_then(|s| s.take(n)) {
+            return Some(last);
+        }
+        if self.next.is_some_and(|s| s.remaining() >= n) {
+            self.current = self.next.take();
+            return self.current.as_mut().and_then(|s| s.take(n));
+        }
+        None
+    }
+
+    /// True when a background load of the next segment should start now: 10% or more of the
+    /// current segment is used, no next segment is waiting, and no load is in flight or backing off.
+    pub fn wants_preload(&self, now_ms: u64) -> bool {
+        match self.current {
+            Some(cur) => {
+                !self.loading
+                    && self.next.is_none()
+                    && now_ms >= self.retry_at_ms
+                    && cur.remaining() * 10 <= cur.step * 9
+            }
+            None => false,
+        }
+    }
+
+    /// Installs a freshly loaded segment: as current if the current one is used up, else as next.
+    pub fn install(&mut self, segment: Segment, table_step: i64, now_ms: u64) {
+        if self.current.is_some_and(|c| c.remaining() > 0) {
+            self.next = Some(segment);
+        } else {
+            self.current = Some(segment);
+        }
+        self.step = segment.step;
+        self.table_step = table_step;
+        self.max_id = segment.max;
+        self.last_load_ms = Some(now_ms);
+        self.failure = None;
+        self.backoff_ms = 0;
+        self.retry_at_ms = 0;
+    }
+
+    /// Records a failed load and schedules the earliest retry with exponential back-off.
+    pub fn record_failure(&mut self, failure: LoadFailure, now_ms: u64) {
+        self.backoff_ms = (self.backoff_ms * 2).clamp(MIN_BACKOFF_MS, MAX_BACKOFF_MS);
+        self.retry_at_ms = now_ms + self.backoff_ms;
+        self.failure = Some(failure);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_contiguous_blocks_and_switches_segments() {
+        let mut st = BufferState {
+            current: Some(Segment::granted(10, 10)),
+            next: Some(Segment::granted(30, 10)),
+            ..Default::default()
+        };
+        assert_eq!(st.take(1), Some(1));
+        assert_eq!(st.take(3), Some(4));
+        assert_eq!(st.take(7), Some(27), "6 left in current: switch to 21..=30");
+        assert_eq!(st.take(3), Some(30));
+        assert_eq!(st.take(1), None);
+    }
+
+    #[test]
+    fn preload_starts_once_ten_percent_is_used() {
+        let mut st = BufferState {
+            current: Some(Segment::granted(100, 100)),
+            ..Default::default()
+        };
+        st.take(9);
+        assert!(!st.wants_preload(0));
+        st.take(1);
+        assert!(st.wants_preload(0));
+        st.loading = true;
+        assert!(!st.wants_preload(0));
+    }
+
+    #[test]
+    fn failures_back_off_exponentially() {
+        let mut st = BufferState::default();
+        st.record_failure(LoadFailure::Unavailable("down".into()), 1000);
+        assert_eq!(st.retry_at_ms, 1100);
+        st.record_failure(LoadFailure::Unavailable("down".into()), 1100);
+        assert_eq!(st.retry_at_ms, 1300);
+        for _ in 0..10 {
+            st.record_failure(LoadFailure::Unavailable("down".into()), 0);
+        }
+        assert_eq!(st.backoff_ms, MAX_BACKOFF_MS);
+    }
+}

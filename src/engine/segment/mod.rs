@@ -1,0 +1,513 @@
+//! Leaf-segment: each tag hands out IDs from an in-memory segment reserved in the database,
+//! with the next segment preloaded in the background so requests rarely wait for storage.
+
+mod buffer;
+pub mod step;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use buffer::{BufferState, LoadFailure, Segment};
+
+use crate::config::{validate_tag_name, SegmentConfig, MAX_TAG_START};
+use crate::engine::clock::Clock;
+use crate::storage::{SegmentStore, StoreError};
+
+/// Tuning of the engine, taken from [`SegmentConfig`].
+#[derive(Debug, Clone)]
+pub struct SegmentSettings {
+    pub adaptive_step: bool,
+    pub max_step: i64,
+    /// Longest a request waits for a load when both buffers are empty.
+    pub load_timeout: Duration,
+}
+
+impl From<&SegmentConfig> for SegmentSettings {
+    fn from(c: &SegmentConfig) -> Self {
+        SegmentSettings {
+            adaptive_step: c.adaptive_step,
+            max_step: c.max_step,
+            load_timeout: Duration::from_millis(c.load_timeout_ms),
+        }
+    }
+}
+
+/// Errors a caller of the engine can get; the RESP and HTTP layers map them to replies.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SegmentError {
+    #[error("unknown tag '{0}'")]
+    UnknownTag(String),
+    #[error("segment for '{tag}' exhausted and database unreachable: {reason}")]
+    Unavailable { tag: String, reason: String },
+    #[error("tag '{0}' already exists")]
+    TagExists(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("storage error: {0}")]
+    Storage(String),
+}
+
+impl From<StoreError> for SegmentError {
+    fn from(err: StoreError) -> SegmentError {
+        match err {
+            StoreError::UnknownTag(t) => SegmentError::UnknownTag(t),
+            StoreError::TagExists(t) => SegmentError::TagExists(t),
+            other => SegmentError::Storage(other.to_string()),
+        }
+    }
+}
+
+/// A tag's double buffer and the signal that a load finished.
+pub struct TagBuffer {
+    name: Arc<str>,
+    state: Mutex<BufferState>,
+    /// Bumped after every finished load, so waiting requests re-check the buffers.
+    loaded: watch::Sender<u64>,
+}
+
+impl TagBuffer {
+    fn new(name: &str) -> TagBuffer {
+        TagBuffer {
+            name: name.into(),
+            state: Mutex::new(BufferState::default()),
+            loaded: watch::Sender::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BufferState> {
+        // Nothing between lock and unlock can panic half-way through a change of state.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A copy of one tag's state for LEAF.TAGS and the monitor page.
+#[derive(Debug, Clone)]
+pub struct TagSnapshot {
+    pub tag: String,
+    /// The step of the last load (the adaptive step).
+    pub step: i64,
+    /// The step stored in the table.
+    pub table_step: i64,
+    /// The table's `max_id` as of this node's last load.
+    pub max_id: i64,
+    pub current: Option<Segment>,
+    pub next: Option<Segment>,
+    pub loading: bool,
+    pub last_error: Option<String>,
+}
+
+/// Counters of the engine's activity.
+#[derive(Debug, Default)]
+pub struct SegmentStats {
+    pub loads_ok: AtomicU64,
+    pub loads_failed: AtomicU64,
+    /// Requests that had to wait for a load because both buffers were empty.
+    pub request_waits: AtomicU64,
+    /// IDs handed out, all tags.
+    pub ids_served: AtomicU64,
+}
+
+/// What a request does after looking at its tag's buffers under the lock.
+enum Step {
+    Served {
+        last: i64,
+        preload: bool,
+    },
+    Block,
+    Failed(LoadFailure),
+    Wait {
+        loaded: watch::Receiver<u64>,
+        start_load: bool,
+    },
+}
+
+type TagMap = HashMap<Box<str>, Arc<TagBuffer>>;
+
+/// A miss on an unknown tag re-reads the tag list at most this often.
+const MISS_REFRESH_INTERVAL_MS: u64 = 1000;
+
+/// The segment engine shared by all connections.
+pub struct SegmentEngine {
+    store: Arc<dyn SegmentStore>,
+    /// Read on every request without a shared lock; replaced whole when the tag set changes.
+    tags: ArcSwap<TagMap>,
+    /// Serialises changes of the tag set; holds the clock time of the last full refresh.
+    tag_writer: tokio::sync::Mutex<Option<u64>>,
+    settings: SegmentSettings,
+    clock: Arc<dyn Clock>,
+    stats: SegmentStats,
+}
+
+impl SegmentEngine {
+    pub fn new(
+        store: Arc<dyn SegmentStore>,
+        settings: SegmentSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<SegmentEngine> {
+        Arc::new(SegmentEngine {
+            store,
+            tags: ArcSwap::from_pointee(TagMap::new()),
+            tag_writer: tokio::sync::Mutex::new(None),
+            settings,
+            clock,
+            stats: SegmentStats::default(),
+        })
+    }
+
+    pub fn store(&self) -> &Arc<dyn SegmentStore> {
+        &self.store
+    }
+
+    pub fn stats(&self) -> &SegmentStats {
+        &self.stats
+    }
+
+    pub fn settings(&self) -> &SegmentSettings {
+        &self.settings
+    }
+
+    /// Number of tags currently known.
+    pub fn tag_count(&self) -> usize {
+        self.tags.load().len()
+    }
+
+    /// Hands out `n` contiguous IDs of `tag` and returns the last one (the caller owns
+    /// `last - n + 1 ..= last`). Waits for storage only when both buffers are used up.
+    pub async fn next_ids(self: &Arc<Self>, tag: &str, n: i64) -> Result<i64, SegmentError> {
+        if n < 1 {
+            return Err(SegmentError::Invalid("count must be positive".into()));
+        }
+        let buffer = match self.tags.load().get(tag) {
+            Some(buffer) => buffer.clone(),
+            None => self.lookup_after_refresh(tag).await?,
+        };
+        let deadline = tokio::time::Instant::now() + self.settings.load_timeout;
+        let mut waited = false;
+        loop {
+            let step = {
+                let mut st = buffer.lock();
+                let now = self.clock.now_millis();
+                if let Some(last) = st.take(n) {
+                    let preload = st.wants_preload(now);
+                    if preload {
+                        st.loading = true;
+                    }
+                    Step::Served { last, preload }
+                } else if st.last_load_ms.is_some() && n > st.step.max(st.table_step) {
+                    Step::Block
+                } else if let Some(failure) = st
+                    .failure
+                    .as_ref()
+                    .filter(|_| waited || now < st.retry_at_ms)
+                {
+                    Step::Failed(failure.clone())
+                } else {
+                    let start_load = !st.loading;
+                    st.loading = true;
+                    // Subscribed under the lock, so the end of the load cannot be missed.
+                    Step::Wait {
+                        loaded: buffer.loaded.subscribe(),
+                        start_load,
+                    }
+                }
+            };
+            let mut loaded = match step {
+                Step::Served { last, preload } => {
+                    if preload {
+                        self.spawn_load(buffer.clone());
+                    }
+                    self.stats.ids_served.fetch_add(n as u64, Ordering::Relaxed);
+                    return Ok(last);
+                }
+                Step::Block => return self.allocate_block(&buffer, n).await,
+                Step::Failed(failure) => return Err(self.failure_error(tag, failure)),
+                Step::Wait { loaded, start_load } => {
+                    if start_load {
+                        self.spawn_load(buffer.clone());
+                    }
+                    loaded
+                }
+            };
+            waited = true;
+            self.stats.request_waits.fetch_add(1, Ordering::Relaxed);
+            if tokio::time::timeout_at(deadline, loaded.changed())
+                .await
+                .is_err()
+            {
+                return Err(SegmentError::Unavailable {
+                    tag: tag.to_string(),
+                    reason: format!(
+                        "no segment loaded within {} ms",
+                        self.settings.load_timeout.as_millis()
+                    ),
+                });
+            }
+        }
+    }
+
+    fn failure_error(&self, tag: &str, failure: LoadFailure) -> SegmentError {
+        match failure {
+            LoadFailure::UnknownTag => {
+                self.forget_tag(tag);
+                SegmentError::UnknownTag(tag.to_string())
+            }
+            LoadFailure::Unavailable(reason) => SegmentError::Unavailable {
+                tag: tag.to_string(),
+                reason: reason.to_string(),
+            },
+        }
+    }
+
+    /// A block larger than any segment of the tag: reserved directly in the database.
+    async fn allocate_block(&self, buffer: &TagBuffer, n: i64) -> Result<i64, SegmentError> {
+        self.stats.request_waits.fetch_add(1, Ordering::Relaxed);
+        let result = tokio::time::timeout(
+            self.settings.load_timeout,
+            self.store.allocate(&buffer.name, Some(n)),
+        )
+        .await;
+        match result {
+            Ok(Ok(alloc)) => {
+                self.stats.ids_served.fetch_add(n as u64, Ordering::Relaxed);
+                Ok(alloc.max_id)
+            }
+            Ok(Err(StoreError::UnknownTag(t))) => {
+                self.forget_tag(&t);
+                Err(SegmentError::UnknownTag(t))
+            }
+            Ok(Err(e)) => Err(SegmentError::Unavailable {
+                tag: buffer.name.to_string(),
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(SegmentError::Unavailable {
+                tag: buffer.name.to_string(),
+                reason: "database did not answer in time".into(),
+            }),
+        }
+    }
+
+    fn spawn_load(self: &Arc<Self>, buffer: Arc<TagBuffer>) {
+        let engine = self.clone();
+        tokio::spawn(async move { engine.load(&buffer).await });
+    }
+
+    /// Reserves the next segment of a tag and installs it; exactly one runs per tag at a time
+    /// (the caller set `loading`).
+    async fn load(&self, buffer: &TagBuffer) {
+        let requested_step = {
+            let st = buffer.lock();
+            match st.last_load_ms {
+                Some(last) if self.settings.adaptive_step => Some(step::next_step(
+                    st.step,
+                    st.table_step,
+                    self.settings.max_step,
+                    self.clock.now_millis().saturating_sub(last),
+                )),
+                _ => None,
+            }
+        };
+        // Background loads may outlast a request's patience, but never hang for ever.
+        let limit = (self.settings.load_timeout * 5).max(Duration::from_secs(5));
+        let result =
+            match tokio::time::timeout(limit, self.store.allocate(&buffer.name, requested_step))
+                .await
+            {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Unavailable(
+                    "database did not answer in time".into(),
+                )),
+            };
+        let now = self.clock.now_millis();
+        {
+            let mut st = buffer.lock();
+            match result {
+                Ok(alloc) => {
+                    self.stats.loads_ok.fetch_add(1, Ordering::Relaxed);
+                    let step = requested_step.unwrap_or(alloc.step);
+                    if st.failure.is_some() {
+                        tracing::info!(tag = %buffer.name, "segment loads succeed again");
+                    }
+                    st.install(Segment::granted(alloc.max_id, step), alloc.step, now);
+                }
+                Err(err) => {
+                    self.stats.loads_failed.fetch_add(1, Ordering::Relaxed);
+                    if st.failure.is_none() {
+                        tracing::warn!(tag = %buffer.name, error = %err, "segment load failed; retrying with back-off");
+                    }
+                    st.record_failure(LoadFailure::from_store(&err), now);
+                }
+            }
+            st.loading = false;
+        }
+        buffer
+            .loaded
+            .send_modify(|generation| *generation = generation.wrapping_add(1));
+    }
+
+    /// On a miss, re-reads the tag list (at most once a second) so a tag created on another
+    /// node is usable here before the periodic refresh.
+    async fn lookup_after_refresh(&self, tag: &str) -> Result<Arc<TagBuffer>, SegmentError> {
+        validate_tag_name(tag).map_err(|_| SegmentError::UnknownTag(tag.to_string()))?;
+        let mut last_refresh = self.tag_writer.lock().await;
+        if let Some(buffer) = self.tags.load().get(tag) {
+            return Ok(buffer.clone());
+        }
+        let now = self.clock.now_millis();
+        if last_refresh.is_none_or(|t| now.saturating_sub(t) >= MISS_REFRESH_INTERVAL_MS) {
+            self.refresh_locked(&mut last_refresh).await?;
+        }
+        self.tags
+            .load()
+            .get(tag)
+            .cloned()
+            .ok_or_else(|| SegmentError::UnknownTag(tag.to_string()))
+    }
+
+    /// Re-reads the tag list: new rows become tags, removed rows stop being served.
+    pub async fn refresh_tags(&self) -> Result<usize, StoreError> {
+        let mut last_refresh = self.tag_writer.lock().await;
+        self.refresh_locked(&mut last_refresh).await
+    }
+
+    async fn refresh_locked(&self, last_refresh: &mut Option<u64>) -> Result<usize, StoreError> {
+        let rows = self.store.list().await?;
+        let old = self.tags.load();
+        let map: TagMap = rows
+            .iter()
+            .map(|row| {
+                let buffer = old
+                    .get(row.tag.as_str())
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(TagBuffer::new(&row.tag)));
+                (Box::from(row.tag.as_str()), buffer)
+            })
+            .collect();
+        let count = map.len();
+        self.tags.store(Arc::new(map));
+        *last_refresh = Some(self.clock.now_millis());
+        Ok(count)
+    }
+
+    fn forget_tag(&self, tag: &str) {
+        self.tags.rcu(|map| {
+            let mut map = TagMap::clone(map);
+            map.remove(tag);
+            map
+        });
+    }
+
+    /// Creates a tag whose first ID is `start`.
+    pub async fn create_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        start: i64,
+        description: Option<&str>,
+    ) -> Result<(), SegmentError> {
+        validate_tag_name(tag).map_err(SegmentError::Invalid)?;
+        self.validate_step(step)?;
+        if !(1..=MAX_TAG_START).contains(&start) {
+            return Err(SegmentError::Invalid(format!(
+                "start must be between 1 and {MAX_TAG_START}"
+            )));
+        }
+        let _writer = self.tag_writer.lock().await;
+        self.store
+            .create_tag(tag, step, start - 1, description)
+            .await?;
+        self.tags.rcu(|map| {
+            let mut map = TagMap::clone(map);
+            map.entry(Box::from(tag))
+                .or_insert_with(|| Arc::new(TagBuffer::new(tag)));
+            map
+        });
+        Ok(())
+    }
+
+    /// Creates a tag unless it exists (config seeds).
+    pub async fn ensure_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        start: i64,
+        description: Option<&str>,
+    ) -> Result<bool, SegmentError> {
+        match self.create_tag(tag, step, start, description).await {
+            Ok(()) => Ok(true),
+            Err(SegmentError::TagExists(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Changes the step stored for a tag; it applies from the tag's next load.
+    pub async fn set_step(&self, tag: &str, step: i64) -> Result<(), SegmentError> {
+        self.validate_step(step)?;
+        Ok(self.store.set_step(tag, step).await?)
+    }
+
+    fn validate_step(&self, step: i64) -> Result<(), SegmentError> {
+        if !(1..=self.settings.max_step).contains(&step) {
+            return Err(SegmentError::Invalid(format!(
+                "step must be between 1 and {}",
+                self.settings.max_step
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every known tag's buffers, sorted by tag.
+    pub fn snapshot(&self) -> Vec<TagSnapshot> {
+        let mut tags: Vec<TagSnapshot> = self
+            .tags
+            .load()
+            .values()
+            .map(|buffer| {
+                let st = buffer.lock();
+                TagSnapshot {
+                    tag: buffer.name.to_string(),
+                    step: st.step,
+                    table_step: st.table_step,
+                    max_id: st.max_id,
+                    current: st.current,
+                    next: st.next,
+                    loading: st.loading,
+                    last_error: st.failure.as_ref().map(|f| match f {
+                        LoadFailure::UnknownTag => "unknown tag".to_string(),
+                        LoadFailure::Unavailable(reason) => reason.to_string(),
+                    }),
+                }
+            })
+            .collect();
+        tags.sort_by(|a, b| a.tag.cmp(&b.tag));
+        tags
+    }
+
+    /// Re-reads the tag list every `interval` until `shutdown` is cancelled.
+    pub fn spawn_refresher(
+        self: &Arc<Self>,
+        interval: Duration,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.tick().await;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = ticker.tick() => {
+                        if let Err(e) = engine.refresh_tags().await {
+                            tracing::warn!(error = %e, "tag refresh failed; keeping the known tags");
+                        }
+                    }
+                }
+            }
+        })
+    }
+}

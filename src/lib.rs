@@ -1,0 +1,18 @@
+//! leafd: a distributed unique-ID server (Meituan Leaf's segment scheme) spoken over RESP.
+//!
+//! Module map:
+//! - [`config`]: the TOML/env/CLI configuration with defaults and validation.
+//! - [`protocol`]: RESP request decoding (RESP arrays and inline commands) and reply encoding.
+//! - [`cmd`]: one type per command family; a parsed command yields a [`protocol::Reply`].
+//! - [`engine::segment`]: the double-buffered, database-backed segment allocator.
+//! - [`storage`]: the [`storage::SegmentStore`] trait and its database implementations.
+//! - [`server`]: the listener, per-connection loop and graceful shutdown.
+//! - [`app`]: wiring of config, storage and engines into one shared application state.
+
+pub mod app;
+pub mod cmd;
+pub mod config;
+pub mod engine;
+pub mod protocol;
+pub mod server;
+pub mod storage;

@@ -1,0 +1,128 @@
+//! The leafd binary: reads configuration (file, then `LEAFD_*` environment, then flags),
+//! starts the application and the RESP listener, and shuts down on SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
+
+use leafd::app::App;
+use leafd::config::Config;
+
+/// leafd: unique IDs (Meituan Leaf segment mode) over the Redis protocol.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    /// TOML configuration file; keys it omits keep their defaults.
+    #[arg(short, long, env = "LEAFD_CONFIG")]
+    config: Option<PathBuf>,
+    /// RESP listen address (server.bind), e.g. 127.0.0.1:6380.
+    #[arg(long, env = "LEAFD_BIND")]
+    bind: Option<String>,
+    /// Storage URL (storage.url): sqlite://path, mysql://…, postgres://….
+    #[arg(long, env = "LEAFD_STORAGE_URL")]
+    storage_url: Option<String>,
+    /// Password clients must AUTH with (server.requirepass).
+    #[arg(long, env = "LEAFD_REQUIREPASS", hide_env_values = true)]
+    requirepass: Option<String>,
+    /// Maximum simultaneous clients (server.max_clients).
+    #[arg(long, env = "LEAFD_MAX_CLIENTS")]
+    max_clients: Option<usize>,
+    /// Close connections idle this many seconds; 0 = never (server.idle_timeout_secs).
+    #[arg(long, env = "LEAFD_IDLE_TIMEOUT_SECS")]
+    idle_timeout_secs: Option<u64>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the server (the default).
+    Serve,
+    /// Print the effective configuration (secrets redacted) and exit.
+    CheckConfig,
+}
+
+impl Cli {
+    fn load_config(&self) -> anyhow::Result<Config> {
+        let mut config = match &self.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        if let Some(v) = &self.bind {
+            config.server.bind = v.clone();
+        }
+        if let Some(v) = &self.storage_url {
+            config.storage.url = v.clone();
+        }
+        if let Some(v) = &self.requirepass {
+            config.server.requirepass = Some(v.clone());
+        }
+        if let Some(v) = self.max_clients {
+            config.server.max_clients = v;
+        }
+        if let Some(v) = self.idle_timeout_secs {
+            config.server.idle_timeout_secs = v;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::terminate(),
+        ) {
+            Ok(term) => term,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops leafd");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let config = cli.load_config()?;
+    if let Some(Command::CheckConfig) = cli.command {
+        println!("{config:#?}");
+        return Ok(());
+    }
+    let listener = TcpListener::bind(&config.server.bind)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.server.bind))?;
+    let storage_url = config.storage.redacted_url();
+    let app = App::open(config).await.context("cannot start leafd")?;
+    tracing::info!(
+        resp = %listener.local_addr()?,
+        storage = %storage_url,
+        backend = app.segments.store().backend(),
+        tags = app.segments.tag_count(),
+        "leafd listening"
+    );
+    leafd::server::run(listener, app.clone(), shutdown_signal()).await?;
+    tracing::info!("shutting down: connections drained, closing storage");
+    app.close().await;
+    Ok(())
+}

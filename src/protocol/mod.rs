@@ -1,0 +1,8 @@
+//! RESP framing: requests decoded with the redis-protocol crate (plus inline commands and
+//! size limits), replies built as [`Reply`] and encoded as RESP2 or RESP3 per connection.
+
+mod reply;
+mod request;
+
+pub use reply::{Reply, RespVersion};
+pub use request::{ProtocolError, RequestDecoder, RequestLimits};

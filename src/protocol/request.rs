@@ -1,0 +1,285 @@
+//! Request decoding: RESP multibulk arrays through redis-protocol, inline commands (telnet/nc)
+//! by hand, and the configured size limits checked before any large buffer can build up.
+
+use bytes::{Bytes, BytesMut};
+use redis_protocol::resp2::{decode::decode_bytes_mut, types::BytesFrame};
+
+/// Upper bounds on what one request may contain; exceeding one is a protocol error.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLimits {
+    /// Longest inline command line, in bytes (Redis: 64 KiB).
+    pub max_inline_len: usize,
+    /// Longest single bulk string argument, in bytes.
+    pub max_bulk_len: usize,
+    /// Most arguments in one multibulk request.
+    pub max_array_len: usize,
+    /// Most bytes one request may occupy in total while it is still arriving.
+    pub max_request_len: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_inline_len: 64 * 1024,
+            max_bulk_len: 512 * 1024,
+            max_array_len: 1024,
+            max_request_len: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// A request that cannot be framed. The connection answers with this text and closes,
+/// because the byte stream can no longer be split into commands reliably.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("Protocol error: too big inline request")]
+    InlineTooBig,
+    #[error("Protocol error: invalid multibulk length")]
+    InvalidMultibulkLength,
+    #[error("Protocol error: invalid bulk length")]
+    InvalidBulkLength,
+    #[error("Protocol error: expected '$', got '{0}'")]
+    ExpectedBulk(char),
+    #[error("Protocol error: request too large")]
+    RequestTooLarge,
+    #[error("Protocol error: {0}")]
+    Malformed(String),
+}
+
+/// Longest header line (`*N\r\n` / `$N\r\n`) we wait for before calling it malformed.
+const MAX_HEADER_LINE: usize = 32;
+
+/// Splits a byte stream into commands (each a list of arguments), enforcing [`RequestLimits`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestDecoder {
+    limits: RequestLimits,
+}
+
+impl RequestDecoder {
+    pub fn new(limits: RequestLimits) -> Self {
+        Self { limits }
+    }
+
+    /// Takes the next complete command off the front of `buf`. `Ok(None)` means more bytes are
+    /// needed. Empty requests (blank inline lines, `*0`) are consumed and skipped, as Redis does.
+    pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        loop {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            let decoded = if buf[0] == b'*' {
+                self.decode_multibulk(buf)?
+            } else {
+                self.decode_inline(buf)?
+            };
+            match decoded {
+                Some(args) if args.is_empty() => continue,
+                other => return Ok(other),
+            }
+        }
+    }
+
+    fn decode_multibulk(&self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        let Some((count, header_len)) =
+            parse_header_line(buf, 0, ProtocolError::InvalidMultibulkLength)?
+        else {
+            return Ok(None);
+        };
+        if count > self.limits.max_array_len as i64 {
+            return Err(ProtocolError::InvalidMultibulkLength);
+        }
+        if count <= 0 {
+            let _ = buf.split_to(header_len);
+            return Ok(Some(Vec::new()));
+        }
+        match decode_bytes_mut(buf) {
+            Ok(Some((BytesFrame::Array(items), _, _))) => {
+                let mut args = Vec::with_capacity(items.len());
+                for item in items {
+                    match item {
+                        BytesFrame::BulkString(arg) if arg.len() <= self.limits.max_bulk_len => {
+                            args.push(arg)
+                        }
+                        BytesFrame::BulkString(_) | BytesFrame::Null => {
+                            return Err(ProtocolError::InvalidBulkLength)
+                        }
+                        BytesFrame::SimpleString(_) => {
+                            return Err(ProtocolError::ExpectedBulk('+'))
+                        }
+                        BytesFrame::Error(_) => return Err(ProtocolError::ExpectedBulk('-')),
+                        BytesFrame::Integer(_) => return Err(ProtocolError::ExpectedBulk(':')),
+                        BytesFrame::Array(_) => return Err(ProtocolError::ExpectedBulk('*')),
+                    }
+                }
+                Ok(Some(args))
+            }
+            Ok(Some(_)) => Err(ProtocolError::InvalidMultibulkLength),
+            Ok(None) => {
+                self.check_partial(buf, header_len, count)?;
+                Ok(None)
+            }
+            Err(e) => Err(ProtocolError::Malformed(e.details().to_string())),
+        }
+    }
+
+    /// Validates the element headers that have arrived so far of an incomplete request, so a
+    /// declared oversized bulk string is refused at once instead of being buffered.
+    fn check_partial(&self, buf: &[u8], mut pos: usize, count: i64) -> Result<(), ProtocolError> {
+        if buf.len() > self.limits.max_request_len {
+            return Err(ProtocolError::RequestTooLarge);
+        }
+        for _ in 0..count {
+            if pos >= buf.len() {
+                break;
+            }
+            if buf[pos] != b'$' {
+                return Err(ProtocolError::ExpectedBulk(buf[pos] as char));
+            }
+            let Some((len, header_len)) =
+                parse_header_line(buf, pos, ProtocolError::InvalidBulkLength)?
+            else {
+                break;
+            };
+            if len < 0 || len > self.limits.max_bulk_len as i64 {
+                return Err(ProtocolError::InvalidBulkLength);
+            }
+            pos += header_len + len as usize + 2;
+        }
+        Ok(())
+    }
+
+    fn decode_inline(&self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        let Some(newline) = buf.iter().position(|&b| b == b'\n') else {
+            if buf.len() > self.limits.max_inline_len {
+                return Err(ProtocolError::InlineTooBig);
+            }
+            return Ok(None);
+        };
+        if newline > self.limits.max_inline_len {
+            return Err(ProtocolError::InlineTooBig);
+        }
+        let line = buf.split_to(newline + 1).freeze();
+        let mut args = Vec::new();
+        let mut start = None;
+        for (i, b) in line.iter().enumerate() {
+            match (b.is_ascii_whitespace(), start) {
+                (false, None) => start = Some(i),
+                (true, Some(s)) => {
+                    args.push(line.slice(s..i));
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(s) = start {
+            args.push(line.slice(s..));
+        }
+        Ok(Some(args))
+    }
+}
+
+/// Parses a `<type><integer>\r\n` line starting at `at`. Returns the integer and the line's
+/// length including CRLF, or `None` when the line has not fully arrived yet.
+fn parse_header_line(
+    buf: &[u8],
+    at: usize,
+    invalid: ProtocolError,
+) -> Result<Option<(i64, usize)>, ProtocolError> {
+    let window = &buf[at..buf.len().min(at + MAX_HEADER_LINE)];
+    let Some(newline) = window.iter().position(|&b| b == b'\n') else {
+        return if window.len() >= MAX_HEADER_LINE {
+            Err(invalid)
+        } else {
+            Ok(None)
+        };
+    };
+    if newline < 2 || window[newline - 1] != b'\r' {
+        return Err(invalid);
+    }
+    let digits = std::str::from_utf8(&window[1..newline - 1]).map_err(|_| invalid.clone())?;
+    let value = digits.parse::<i64>().map_err(|_| invalid)?;
+    Ok(Some((value, newline + 1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(input: &[u8]) -> (Vec<Vec<Bytes>>, Result<(), ProtocolError>, usize) {
+        let decoder = RequestDecoder::default();
+        let mut buf = BytesMut::from(input);
+        let mut out = Vec::new();
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(args)) => out.push(args),
+                Ok(None) => return (out, Ok(()), buf.len()),
+                Err(e) => return (out, Err(e), buf.len()),
+            }
+        }
+    }
+
+    #[test]
+    fn decodes_pipelined_multibulk_and_inline() {
+        let (cmds, res, rest) = decode_all(
+            b"*2\r\n$4\r\nINCR\r\n$11\r\nsegment:abc\r\nPING\r\n  echo   hi \r\n\r\n*1\r\n$4\r\nPI",
+        );
+        assert_eq!(res, Ok(()));
+        assert_eq!(
+            cmds,
+            vec![
+                vec![Bytes::from("INCR"), Bytes::from("segment:abc")],
+                vec![Bytes::from("PING")],
+                vec![Bytes::from("echo"), Bytes::from("hi")],
+            ]
+        );
+        assert_eq!(
+            rest,
+            b"*1\r\n$4\r\nPI".len(),
+            "partial frame stays buffered"
+        );
+    }
+
+    #[test]
+    fn refuses_declared_oversized_bulk_before_it_arrives() {
+        let (_, res, _) = decode_all(b"*2\r\n$4\r\nECHO\r\n$999999999\r\nabc");
+        assert_eq!(res, Err(ProtocolError::InvalidBulkLength));
+    }
+
+    #[test]
+    fn refuses_huge_or_bad_multibulk_lengths() {
+        assert_eq!(
+            decode_all(b"*100000\r\n").1,
+            Err(ProtocolError::InvalidMultibulkLength)
+        );
+        assert_eq!(
+            decode_all(b"*abc\r\n").1,
+            Err(ProtocolError::InvalidMultibulkLength)
+        );
+        assert_eq!(
+            decode_all(b"*1\r\n$-5\r\n").1,
+            Err(ProtocolError::InvalidBulkLength)
+        );
+        assert_eq!(
+            decode_all(b"*1\r\n:5\r\n").1,
+            Err(ProtocolError::ExpectedBulk(':'))
+        );
+        assert_eq!(
+            decode_all(b"*1\r\n*1\r\n$1\r\na\r\n").1,
+            Err(ProtocolError::ExpectedBulk('*'))
+        );
+    }
+
+    #[test]
+    fn refuses_inline_line_over_limit() {
+        let line = vec![b'a'; 70 * 1024];
+        assert_eq!(decode_all(&line).1, Err(ProtocolError::InlineTooBig));
+    }
+
+    #[test]
+    fn skips_empty_requests() {
+        let (cmds, res, rest) = decode_all(b"*0\r\n\r\n*-1\r\nPING\r\n");
+        assert_eq!(res, Ok(()));
+        assert_eq!(cmds, vec![vec![Bytes::from("PING")]]);
+        assert_eq!(rest, 0);
+    }
+}

@@ -1,0 +1,90 @@
+//! One client connection: read what arrived, run every complete command in order, write all
+//! their replies with one socket write, repeat. A frame that cannot be parsed ends it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::App;
+use crate::cmd::{self, Session};
+use crate::protocol::{Reply, RequestDecoder};
+
+/// Replies are flushed early once this much is buffered, so a long pipeline cannot grow the
+/// output buffer without bound.
+const FLUSH_THRESHOLD: usize = 64 * 1024;
+
+pub async fn serve(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    app: &Arc<App>,
+    stop: CancellationToken,
+) {
+    let server = &app.config.server;
+    let decoder = RequestDecoder::new(server.request_limits());
+    let idle_timeout =
+        (server.idle_timeout_secs > 0).then(|| Duration::from_secs(server.idle_timeout_secs));
+    let mut session = Session::new(
+        app.next_client_id(),
+        peer.to_string(),
+        server.requirepass.is_some(),
+    );
+    let mut input = BytesMut::with_capacity(4096);
+    let mut output = BytesMut::with_capacity(4096);
+    loop {
+        // Run every complete command already received; replies keep their order.
+        loop {
+            match decoder.decode(&mut input) {
+                Ok(Some(args)) => {
+                    app.stats.total_commands.fetch_add(1, Ordering::Relaxed);
+                    let reply = cmd::execute(app, &mut session, args).await;
+                    reply.encode(session.protocol, &mut output);
+                    if session.closing {
+                        let _ = stream.write_all(&output).await;
+                        return;
+                    }
+                    if output.len() >= FLUSH_THRESHOLD {
+                        if stream.write_all(&output).await.is_err() {
+                            return;
+                        }
+                        output.clear();
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    Reply::error(format!("ERR {e}")).encode(session.protocol, &mut output);
+                    let _ = stream.write_all(&output).await;
+                    tracing::debug!(client = session.id, error = %e, "closing connection after protocol error");
+                    return;
+                }
+            }
+        }
+        if !output.is_empty() {
+            if stream.write_all(&output).await.is_err() {
+                return;
+            }
+            output.clear();
+        }
+        let read = async {
+            match idle_timeout {
+                Some(limit) => tokio::time::timeout(limit, stream.read_buf(&mut input))
+                    .await
+                    .unwrap_or(Ok(0)),
+                None => stream.read_buf(&mut input).await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            read = read => match read {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            },
+        }
+    }
+}

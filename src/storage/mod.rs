@@ -1,0 +1,82 @@
+//! Segment storage: the [`SegmentStore`] trait over Leaf's `leaf_alloc` table, one
+//! implementation per database dialect, chosen by the storage URL.
+
+mod memory;
+mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::config::StorageConfig;
+
+pub use memory::MemoryStore;
+pub use sqlite::SqliteStore;
+
+/// One row of `leaf_alloc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafAlloc {
+    pub tag: String,
+    /// The last ID handed out to any node (the end of the newest segment).
+    pub max_id: i64,
+    /// The step stored in the table (the minimum of the adaptive step).
+    pub step: i64,
+    pub description: Option<String>,
+}
+
+/// Errors of a storage call.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("unknown tag '{0}'")]
+    UnknownTag(String),
+    #[error("tag '{0}' already exists")]
+    TagExists(String),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("unsupported storage url '{0}': expected sqlite://, mysql:// or postgres://")]
+    UnsupportedUrl(String),
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Access to `leaf_alloc`. Implementations make [`SegmentStore::allocate`] atomic, so that any
+/// number of leafd nodes sharing one database never receive overlapping segments.
+#[async_trait]
+pub trait SegmentStore: Send + Sync + 'static {
+    /// Adds `step` (or, when `None`, the row's own step) to the tag's `max_id` and returns the
+    /// row as updated, in one atomic operation. The caller then owns `(max_id - step, max_id]`.
+    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError>;
+
+    /// Every row of the table.
+    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError>;
+
+    /// Inserts a tag whose first ID will be `max_id + 1`; [`StoreError::TagExists`] if present.
+    async fn create_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        max_id: i64,
+        description: Option<&str>,
+    ) -> Result<(), StoreError>;
+
+    /// Changes a tag's stored step; [`StoreError::UnknownTag`] if absent.
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError>;
+
+    /// A short name of the backend for logs and INFO (`sqlite`, `mysql`, `postgres`, `memory`).
+    fn backend(&self) -> &'static str;
+
+    /// Closes the connection pool; later calls fail.
+    async fn close(&self);
+}
+
+/// Opens the store the URL names and runs its migrations.
+pub async fn open(config: &StorageConfig) -> Result<Arc<dyn SegmentStore>, StoreError> {
+    let url = config.url.as_str();
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::open(config).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(config.redacted_url()))
+    }
+}

@@ -1,0 +1,157 @@
+//! SQLite store, the embedded default: a WAL-mode file whose single-statement
+//! `UPDATE … RETURNING` makes each allocation atomic even across processes.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::Row;
+
+use super::{LeafAlloc, SegmentStore, StoreError};
+use crate::config::StorageConfig;
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing, with its parent directory) the database file and migrates it.
+    pub async fn open(config: &StorageConfig) -> Result<SqliteStore, StoreError> {
+        let path = sqlite_path(&config.url)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create directory {}: {e}", dir.display()))
+            })?;
+        }
+        let options = SqliteConnectOptions::from_str("sqlite:")?
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        Ok(SqliteStore { pool })
+    }
+}
+
+/// The file path inside `sqlite://path` / `sqlite:path` (query parameters are not supported).
+fn sqlite_path(url: &str) -> Result<PathBuf, StoreError> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .ok_or_else(|| StoreError::UnsupportedUrl(url.to_string()))?;
+    if rest.is_empty() || rest.contains('?') || rest.starts_with(':') {
+        return Err(StoreError::UnsupportedUrl(url.to_string()));
+    }
+    Ok(Path::new(rest).to_path_buf())
+}
+
+fn row_to_alloc(row: &sqlx::sqlite::SqliteRow) -> Result<LeafAlloc, sqlx::Error> {
+    Ok(LeafAlloc {
+        tag: row.try_get("biz_tag")?,
+        max_id: row.try_get("max_id")?,
+        step: row.try_get("step")?,
+        description: row.try_get("description")?,
+    })
+}
+
+#[async_trait]
+impl SegmentStore for SqliteStore {
+    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+        let row = sqlx::query(
+            "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?1, step), \
+             update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2 \
+             RETURNING biz_tag, max_id, step, description",
+        )
+        .bind(step)
+        .bind(tag)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row) => Ok(row_to_alloc(&row)?),
+            None => Err(StoreError::UnknownTag(tag.to_string())),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT biz_tag, max_id, step, description FROM leaf_alloc ORDER BY biz_tag",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(row_to_alloc)
+            .collect::<Result<Vec<_>, _>>()?)
+    }
+
+    async fn create_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        max_id: i64,
+        description: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT(biz_tag) DO NOTHING",
+        )
+        .bind(tag)
+        .bind(max_id)
+        .bind(step)
+        .bind(description)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::TagExists(tag.to_string()));
+        }
+        Ok(())
+    }
+
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2",
+        )
+        .bind(step)
+        .bind(tag)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::UnknownTag(tag.to_string()));
+        }
+        Ok(())
+    }
+
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sqlite_urls() {
+        assert_eq!(
+            sqlite_path("sqlite://data/x.db").unwrap(),
+            Path::new("data/x.db")
+        );
+        assert_eq!(
+            sqlite_path("sqlite:///tmp/x.db").unwrap(),
+            Path::new("/tmp/x.db")
+        );
+        assert!(sqlite_path("sqlite::memory:").is_err());
+        assert!(sqlite_path("sqlite://x.db?mode=ro").is_err());
+    }
+}
