@@ -118,7 +118,11 @@ impl RequestDecoder {
                 self.check_partial(buf, header_len, count)?;
                 Ok(None)
             }
-            Err(e) => Err(ProtocolError::Malformed(e.details().to_string())),
+            Err(e) => {
+                // Prefer our precise message (bad length, wrong type) over the crate's.
+                self.check_partial(buf, header_len, count)?;
+                Err(ProtocolError::Malformed(e.details().to_string()))
+            }
         }
     }
 

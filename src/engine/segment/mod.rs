@@ -129,15 +129,17 @@ enum Step {
 
 type TagMap = HashMap<Box<str>, Arc<TagBuffer>>;
 
-/// A miss on an unknown tag re-reads the tag list at most this often.
-const MISS_REFRESH_INTERVAL_MS: u64 = 1000;
+/// A miss on an unknown tag re-reads the tag list at most this often, so a flood of requests
+/// for tags that do not exist costs the database at most a few reads a second.
+const MISS_REFRESH_INTERVAL_MS: u64 = 200;
 
 /// The segment engine shared by all connections.
 pub struct SegmentEngine {
     store: Arc<dyn SegmentStore>,
     /// Read on every request without a shared lock; replaced whole when the tag set changes.
     tags: ArcSwap<TagMap>,
-    /// Serialises changes of the tag set; holds the clock time of the last full refresh.
+    /// Serialises changes of the tag set; holds the clock time of the last refresh that a
+    /// miss triggered (periodic refreshes do not count, so a miss right after one still looks).
     tag_writer: tokio::sync::Mutex<Option<u64>>,
     settings: SegmentSettings,
     clock: Arc<dyn Clock>,
@@ -360,7 +362,8 @@ impl SegmentEngine {
         }
         let now = self.clock.now_millis();
         if last_refresh.is_none_or(|t| now.saturating_sub(t) >= MISS_REFRESH_INTERVAL_MS) {
-            self.refresh_locked(&mut last_refresh).await?;
+            self.refresh_locked().await?;
+            *last_refresh = Some(now);
         }
         self.tags
             .load()
@@ -371,11 +374,12 @@ impl SegmentEngine {
 
     /// Re-reads the tag list: new rows become tags, removed rows stop being served.
     pub async fn refresh_tags(&self) -> Result<usize, StoreError> {
-        let mut last_refresh = self.tag_writer.lock().await;
-        self.refresh_locked(&mut last_refresh).await
+        let _writer = self.tag_writer.lock().await;
+        self.refresh_locked().await
     }
 
-    async fn refresh_locked(&self, last_refresh: &mut Option<u64>) -> Result<usize, StoreError> {
+    /// Rebuilds the tag map from the table; the caller holds `tag_writer`.
+    async fn refresh_locked(&self) -> Result<usize, StoreError> {
         let rows = self.store.list().await?;
         let old = self.tags.load();
         let map: TagMap = rows
@@ -390,7 +394,6 @@ impl SegmentEngine {
             .collect();
         let count = map.len();
         self.tags.store(Arc::new(map));
-        *last_refresh = Some(self.clock.now_millis());
         Ok(count)
     }
 

@@ -1,0 +1,195 @@
+//! Shared test helpers: an in-process leafd on 127.0.0.1:0, raw RESP I/O, and a store wrapper
+//! that counts allocations.
+#![allow(dead_code)]
+
+pub mod scenarios;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leafd::app::App;
+use leafd::config::Config;
+use leafd::engine::clock::SystemClock;
+use leafd::storage::{LeafAlloc, SegmentStore, StoreError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub app: Arc<App>,
+    shutdown: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestServer {
+    /// Starts leafd with the configured store.
+    pub async fn start(config: Config) -> TestServer {
+        let app = App::open(config).await.expect("leafd starts");
+        TestServer::serve(app).await
+    }
+
+    /// Starts leafd on a given store (wrappers, memory store).
+    pub async fn start_with_store(config: Config, store: Arc<dyn SegmentStore>) -> TestServer {
+        let app = App::with_store(config, store, Arc::new(SystemClock))
+            .await
+            .expect("leafd starts");
+        TestServer::serve(app).await
+    }
+
+    async fn serve(app: Arc<App>) -> TestServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(leafd::server::run(listener, app.clone(), async {
+            let _ = rx.await;
+        }));
+        TestServer {
+            addr,
+            app,
+            shutdown: Some(tx),
+            handle: Some(handle),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}/", self.addr)
+    }
+
+    pub async fn client(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("client connects")
+    }
+
+    pub async fn raw(&self) -> RawClient {
+        RawClient {
+            stream: TcpStream::connect(self.addr).await.unwrap(),
+        }
+    }
+
+    /// Graceful stop: listener closed, connections drained, storage closed.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            tokio::time::timeout(Duration::from_secs(10), handle)
+                .await
+                .expect("server stops within 10 s")
+                .unwrap()
+                .unwrap();
+        }
+        self.app.close().await;
+    }
+}
+
+/// A config on a fresh SQLite file inside `dir`, with tags created through `[[segment.tags]]`.
+pub fn sqlite_config(dir: &tempfile::TempDir) -> Config {
+    let mut config = Config::default();
+    config.storage.url = format!("sqlite://{}", dir.path().join("leafd.db").display());
+    config
+}
+
+/// Plain TCP access for exact reply bytes.
+pub struct RawClient {
+    pub stream: TcpStream,
+}
+
+impl RawClient {
+    /// Sends bytes and reads until `lines` CRLF-terminated lines arrived (or EOF).
+    pub async fn send(&mut self, bytes: &[u8], lines: usize) -> String {
+        self.stream.write_all(bytes).await.unwrap();
+        self.read_lines(lines).await
+    }
+
+    pub async fn read_lines(&mut self, lines: usize) -> String {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while out.windows(2).filter(|w| w == b"\r\n").count() < lines {
+            let n = tokio::time::timeout(Duration::from_secs(5), self.stream.read(&mut buf))
+                .await
+                .expect("reply within 5 s")
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// True when the server closed the connection (EOF within 5 s).
+    pub async fn closed(&mut self) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), self.stream.read(&mut buf)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+}
+
+/// Encodes a command as a RESP array of bulk strings.
+pub fn resp(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Wraps a store and counts allocations.
+pub struct CountingStore {
+    pub inner: Arc<dyn SegmentStore>,
+    pub allocations: AtomicU64,
+}
+
+impl CountingStore {
+    pub fn new(inner: Arc<dyn SegmentStore>) -> Arc<CountingStore> {
+        Arc::new(CountingStore {
+            inner,
+            allocations: AtomicU64::new(0),
+        })
+    }
+
+    pub fn allocations(&self) -> u64 {
+        self.allocations.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl SegmentStore for CountingStore {
+    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+        self.allocations.fetch_add(1, Ordering::SeqCst);
+        self.inner.allocate(tag, step).await
+    }
+    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
+        self.inner.list().await
+    }
+    async fn create_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        max_id: i64,
+        description: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.inner.create_tag(tag, step, max_id, description).await
+    }
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+        self.inner.set_step(tag, step).await
+    }
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}

@@ -1,0 +1,174 @@
+//! Client scenarios run against every storage backend (SQLite here; MariaDB and PostgreSQL
+//! in their own test files), so each backend is held to the same behaviour.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use redis::AsyncCommands;
+
+use super::TestServer;
+
+/// A tag name no other test (or earlier run against a shared database) uses.
+pub fn unique_tag(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub async fn create_tag(server: &TestServer, tag: &str, step: i64, start: Option<i64>) {
+    let mut con = server.client().await;
+    let mut cmd = redis::cmd("LEAF.TAG");
+    cmd.arg("CREATE").arg(tag).arg(step);
+    if let Some(start) = start {
+        cmd.arg(start);
+    }
+    let reply: String = cmd.query_async(&mut con).await.expect("LEAF.TAG CREATE");
+    assert_eq!(reply, "OK");
+}
+
+/// INCR on a fresh tag returns 1, 2, 3; a tag created with a start begins there.
+pub async fn fresh_tag_counts_from_one(server: &TestServer) {
+    let tag = unique_tag("fresh");
+    create_tag(server, &tag, 10, None).await;
+    let mut con = server.client().await;
+    let key = format!("segment:{tag}");
+    let ids: Vec<i64> = vec![
+        con.incr(&key, 1).await.unwrap(),
+        redis::cmd("INCR")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap(),
+        redis::cmd("INCR")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap(),
+    ];
+    assert_eq!(ids, vec![1, 2, 3]);
+
+    let started = unique_tag("started");
+    create_tag(server, &started, 5, Some(1000)).await;
+    let first: i64 = redis::cmd("INCR")
+        .arg(format!("segment:{started}"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(first, 1000);
+}
+
+/// `total` INCRs from `connections` concurrent connections, every other one pipelined: all IDs
+/// distinct, and each connection sees its IDs increase.
+pub async fn concurrent_incrs_are_unique(server: &TestServer, total: usize, connections: usize) {
+    let tag = unique_tag("concurrent");
+    create_tag(server, &tag, 1000, None).await;
+    let key = format!("segment:{tag}");
+    let per_connection = total / connections;
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let mut con = server.client().await;
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::with_capacity(per_connection);
+            if c % 2 == 0 {
+                for _ in 0..per_connection {
+                    let id: i64 = redis::cmd("INCR")
+                        .arg(&key)
+                        .query_async(&mut con)
+                        .await
+                        .unwrap();
+                    ids.push(id);
+                }
+            } else {
+                let mut left = per_connection;
+                while left > 0 {
+                    let batch = left.min(250);
+                    let mut pipe = redis::pipe();
+                    for _ in 0..batch {
+                        pipe.cmd("INCR").arg(&key);
+                    }
+                    let got: Vec<i64> = pipe.query_async(&mut con).await.unwrap();
+                    assert_eq!(got.len(), batch);
+                    ids.extend(got);
+                    left -= batch;
+                }
+            }
+            ids
+        }));
+    }
+    let mut seen = HashSet::with_capacity(total);
+    for task in tasks {
+        let ids = task.await.unwrap();
+        assert_eq!(ids.len(), per_connection);
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "a connection's IDs must increase"
+        );
+        for id in ids {
+            assert!(id > 0);
+            assert!(seen.insert(id), "duplicate ID {id}");
+        }
+    }
+    assert_eq!(seen.len(), per_connection * connections);
+}
+
+/// Concurrent INCRBY blocks (including blocks larger than the step) and INCRs never overlap.
+pub async fn incrby_blocks_never_overlap(server: &TestServer) {
+    let tag = unique_tag("blocks");
+    create_tag(server, &tag, 100, None).await;
+    let key = format!("segment:{tag}");
+    let mut tasks = Vec::new();
+    for worker in 0..8i64 {
+        let mut con = server.client().await;
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ranges = Vec::new();
+            for i in 0..200i64 {
+                let n = match (worker + i) % 5 {
+                    0 => 1,
+                    1 => 7,
+                    2 => 64,
+                    3 => 250, // larger than the table step: a dedicated block
+                    _ => 3,
+                };
+                let last: i64 = if n == 1 && worker % 2 == 0 {
+                    redis::cmd("INCR")
+                        .arg(&key)
+                        .query_async(&mut con)
+                        .await
+                        .unwrap()
+                } else {
+                    redis::cmd("INCRBY")
+                        .arg(&key)
+                        .arg(n)
+                        .query_async(&mut con)
+                        .await
+                        .unwrap()
+                };
+                ranges.push((last - n + 1, last));
+            }
+            ranges
+        }));
+    }
+    let mut ranges = Vec::new();
+    for task in tasks {
+        ranges.extend(task.await.unwrap());
+    }
+    ranges.sort();
+    assert!(ranges[0].0 >= 1);
+    for pair in ranges.windows(2) {
+        assert!(
+            pair[0].1 < pair[1].0,
+            "blocks {:?} and {:?} overlap",
+            pair[0],
+            pair[1]
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! The segment engine on the embedded SQLite store, through a real Redis client.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use common::scenarios::{self, create_tag, unique_tag};
+use common::{sqlite_config, CountingStore, TestServer};
+use leafd::config::{Config, TagSeed};
+use leafd::storage::MemoryStore;
+
+async fn sqlite_server() -> (TestServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(sqlite_config(&dir)).await;
+    (server, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_tag_counts_from_one() {
+    let (server, _dir) = sqlite_server().await;
+    scenarios::fresh_tag_counts_from_one(&server).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_thousand_concurrent_incrs_are_unique() {
+    let (server, _dir) = sqlite_server().await;
+    scenarios::concurrent_incrs_are_unique(&server, 100_000, 16).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incrby_blocks_never_overlap() {
+    let (server, _dir) = sqlite_server().await;
+    scenarios::incrby_blocks_never_overlap(&server).await;
+    server.stop().await;
+}
+
+// One thread: the preload task is queued ahead of the next request, so the assertion on waits
+// checks the engine's logic, not how the OS scheduled threads on a busy CI machine.
+#[tokio::test(flavor = "current_thread")]
+async fn segments_switch_without_gaps_and_preload_before_exhaustion() {
+    let store = CountingStore::new(Arc::new(MemoryStore::new()));
+    let mut config = Config::default();
+    config.segment.adaptive_step = false;
+    let server = TestServer::start_with_store(config, store.clone()).await;
+    create_tag(&server, "switch", 10, None).await;
+    let mut con = server.client().await;
+    let mut ids = Vec::new();
+    for _ in 0..1000 {
+        let id: i64 = redis::cmd("INCR")
+            .arg("segment:switch")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    // One node on a fresh tag: consecutive segments, so exactly 1..=1000, no gap, no repeat.
+    assert_eq!(ids, (1..=1000).collect::<Vec<i64>>());
+    let loads = store.allocations();
+    assert!(
+        (100..=101).contains(&loads),
+        "step 10 over 1000 IDs takes 100 loads (+1 preloaded), got {loads}"
+    );
+    // Only the very first request found both buffers empty; every later segment was ready.
+    let waits = server
+        .app
+        .segments
+        .stats()
+        .request_waits
+        .load(Ordering::SeqCst);
+    assert_eq!(waits, 1, "requests waited for storage {waits} times");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_on_the_same_file_continues_above_every_handed_out_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = sqlite_config(&dir);
+    config.segment.tags.push(TagSeed {
+        tag: "orders".into(),
+        step: 50,
+        start: 1,
+        description: Some("seeded".into()),
+    });
+    let mut handed_out = HashSet::new();
+    let mut highest = 0;
+    for round in 0..3 {
+        let server = TestServer::start(config.clone()).await;
+        let mut con = server.client().await;
+        let mut first = None;
+        for _ in 0..120 {
+            let id: i64 = redis::cmd("INCR")
+                .arg("segment:orders")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            first.get_or_insert(id);
+            assert!(handed_out.insert(id), "round {round}: duplicate {id}");
+        }
+        let first = first.unwrap();
+        assert!(
+            first > highest,
+            "round {round}: first ID {first} not above {highest}"
+        );
+        highest = *handed_out.iter().max().unwrap();
+        drop(con);
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tags_created_in_the_table_by_another_node_are_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = TestServer::start(sqlite_config(&dir)).await;
+    let b = TestServer::start(sqlite_config(&dir)).await;
+    let tag = unique_tag("shared");
+    create_tag(&a, &tag, 10, None).await;
+    // b has not refreshed yet: the miss triggers a re-read of the tag list.
+    let mut con = b.client().await;
+    let id: i64 = redis::cmd("INCR")
+        .arg(format!("segment:{tag}"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(id, 1);
+    a.stop().await;
+    b.stop().await;
+}
