@@ -299,6 +299,17 @@ mod tests {
     }
 
     #[test]
+    fn example_file_is_valid_and_shows_the_defaults() {
+        let example = Config::from_toml(include_str!("../leafd.example.toml")).unwrap();
+        example.validate().unwrap();
+        assert_eq!(
+            format!("{example:?}"),
+            format!("{:?}", Config::default()),
+            "leafd.example.toml must list the defaults"
+        );
+    }
+
+    #[test]
     fn unknown_keys_and_bad_values_are_refused() {
         assert!(matches!(
             Config::from_toml("[server]\nbindd = \"x\""),

@@ -514,3 +514,81 @@ impl SegmentEngine {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::clock::ManualClock;
+    use crate::storage::MemoryStore;
+
+    const MINUTE: u64 = 60 * 1000;
+
+    fn engine(max_step: i64, clock: Arc<ManualClock>) -> Arc<SegmentEngine> {
+        let settings = SegmentSettings {
+            adaptive_step: true,
+            max_step,
+            load_timeout: Duration::from_secs(1),
+        };
+        SegmentEngine::new(Arc::new(MemoryStore::new()), settings, clock)
+    }
+
+    /// Takes IDs until the tag's current step changed from `before`, and returns the new step.
+    async fn drain_until_step_changes(engine: &Arc<SegmentEngine>, before: i64) -> i64 {
+        for _ in 0..10_000 {
+            engine.next_ids("t", 1).await.unwrap();
+            tokio::task::yield_now().await;
+            let step = engine.snapshot()[0].step;
+            if step != before {
+                return step;
+            }
+        }
+        panic!("step stayed at {before}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn adaptive_step_follows_the_clock() {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let engine = engine(400, clock.clone());
+        engine.create_tag("t", 100, 1, None).await.unwrap();
+        assert_eq!(engine.next_ids("t", 1).await.unwrap(), 1);
+        assert_eq!(
+            engine.snapshot()[0].step,
+            100,
+            "first load uses the table step"
+        );
+
+        // Segments used up within 15 minutes: the step doubles, up to the cap of 400.
+        clock.advance(MINUTE);
+        assert_eq!(drain_until_step_changes(&engine, 100).await, 200);
+        clock.advance(MINUTE);
+        assert_eq!(drain_until_step_changes(&engine, 200).await, 400);
+
+        // A segment that lasted over 30 minutes: the step halves, never below the table's 100.
+        clock.advance(31 * MINUTE);
+        assert_eq!(drain_until_step_changes(&engine, 400).await, 200);
+        clock.advance(31 * MINUTE);
+        assert_eq!(drain_until_step_changes(&engine, 200).await, 100);
+
+        // Between 15 and 30 minutes the step stays; drain two whole segments to see two loads.
+        clock.advance(20 * MINUTE);
+        let loads_before = engine.stats().loads_ok.load(Ordering::SeqCst);
+        while engine.stats().loads_ok.load(Ordering::SeqCst) < loads_before + 1 {
+            engine.next_ids("t", 1).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(engine.snapshot()[0].step, 100);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn segments_never_overlap_under_adaptive_steps() {
+        let clock = Arc::new(ManualClock::new(0));
+        let engine = engine(1_000_000, clock);
+        engine.create_tag("t", 10, 1, None).await.unwrap();
+        let mut last = 0;
+        for i in 0..20_000 {
+            let id = engine.next_ids("t", 1 + (i % 3)).await.unwrap();
+            assert!(id > last, "{id} after {last}");
+            last = id;
+        }
+    }
+}

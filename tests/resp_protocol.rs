@@ -1,0 +1,261 @@
+//! The RESP surface: exact error replies for bad input, connection survival after each,
+//! protocol errors that close, HELLO/RESP3, AUTH, and the max-clients limit.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{resp, TestServer};
+use leafd::config::Config;
+use leafd::storage::MemoryStore;
+
+async fn memory_server(config: Config) -> TestServer {
+    let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await;
+    let mut raw = server.raw().await;
+    assert_eq!(
+        raw.send(&resp(&[b"LEAF.TAG", b"CREATE", b"order", b"100"]), 1)
+            .await,
+        "+OK\r\n"
+    );
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_commands_get_errors_and_the_connection_stays_usable() {
+    let server = memory_server(Config::default()).await;
+    let mut raw = server.raw().await;
+    let cases: &[(&[&[u8]], &str)] = &[
+        (&[b"FLUSHALL", b"x"], "-ERR unknown command 'FLUSHALL', with args beginning with: 'x' \r\n"),
+        (&[b"INCR"], "-ERR wrong number of arguments for 'incr' command\r\n"),
+        (&[b"INCR", b"segment:order", b"x"], "-ERR wrong number of arguments for 'incr' command\r\n"),
+        (&[b"INCRBY", b"segment:order", b"abc"], "-ERR value is not an integer or out of range\r\n"),
+        (&[b"INCRBY", b"segment:order", b"0"], "-ERR increment must be positive\r\n"),
+        (&[b"INCRBY", b"segment:order", b"-5"], "-ERR increment must be positive\r\n"),
+        (&[b"INCRBY", b"segment:order", b"100001"], "-ERR increment exceeds the maximum of 100000\r\n"),
+        (&[b"INCR", b"segment:missing"], "-ERR unknown tag 'missing'\r\n"),
+        (&[b"INCR", b"segment:\xff\xfe"], "-ERR unknown tag '\u{fffd}\u{fffd}'\r\n"),
+        (&[b"INCR", b"counter"], "-ERR unsupported key 'counter': use segment:<tag>\r\n"),
+        (&[b"SELECT", b"1"], "-ERR DB index is out of range\r\n"),
+        (&[b"LEAF.TAG", b"CREATE", b"order", b"10"], "-ERR tag 'order' already exists\r\n"),
+        (&[b"LEAF.TAG", b"CREATE", b"new", b"0"], "-ERR step must be between 1 and 1000000\r\n"),
+        (&[b"LEAF.TAG", b"STEP", b"missing", b"10"], "-ERR unknown tag 'missing'\r\n"),
+        (&[b"CONFIG", b"SET", b"maxclients", b"1"], "-ERR CONFIG SET is not supported by leafd; edit leafd.toml instead\r\n"),
+        (&[b"AUTH", b"pw"], "-ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n"),
+        (&[b"HELLO", b"4"], "-NOPROTO unsupported protocol version\r\n"),
+    ];
+    for (command, expected) in cases {
+        assert_eq!(&raw.send(&resp(command), 1).await, expected, "{command:?}");
+        assert_eq!(
+            raw.send(b"PING\r\n", 1).await,
+            "+PONG\r\n",
+            "after {command:?}"
+        );
+    }
+    // The block and INCR after all that still come from the tag's segment.
+    assert_eq!(
+        raw.send(&resp(&[b"INCR", b"segment:order"]), 1).await,
+        ":1\r\n"
+    );
+    assert_eq!(
+        raw.send(&resp(&[b"INCRBY", b"segment:order", b"5"]), 1)
+            .await,
+        ":6\r\n"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unparseable_frames_get_an_error_then_the_connection_closes() {
+    let server = memory_server(Config::default()).await;
+    let cases: &[(&[u8], &str)] = &[
+        (
+            b"*2\r\n$4\r\nECHO\r\n$10000000\r\n",
+            "-ERR Protocol error: invalid bulk length\r\n",
+        ),
+        (
+            b"*100000\r\n",
+            "-ERR Protocol error: invalid multibulk length\r\n",
+        ),
+        (
+            b"*1\r\n$-3\r\n",
+            "-ERR Protocol error: invalid bulk length\r\n",
+        ),
+        (
+            b"*1\r\n*1\r\n$4\r\nPING\r\n",
+            "-ERR Protocol error: expected '$', got '*'\r\n",
+        ),
+    ];
+    for (bytes, expected) in cases {
+        let mut raw = server.raw().await;
+        assert_eq!(&raw.send(bytes, 1).await, expected);
+        assert!(raw.closed().await, "connection closed after {bytes:?}");
+    }
+    let mut raw = server.raw().await;
+    let long_line = vec![b'a'; 100 * 1024];
+    assert_eq!(
+        raw.send(&long_line, 1).await,
+        "-ERR Protocol error: too big inline request\r\n"
+    );
+    assert!(raw.closed().await);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_and_inline_commands_reply_in_order() {
+    let server = memory_server(Config::default()).await;
+    let mut raw = server.raw().await;
+    let mut batch = Vec::new();
+    for _ in 0..50 {
+        batch.extend(resp(&[b"INCR", b"segment:order"]));
+    }
+    batch.extend_from_slice(b"PING\r\nECHO hello\r\nINCR segment:order\r\n");
+    let replies = raw.send(&batch, 54).await;
+    let mut expected: String = (1..=50).map(|i| format!(":{i}\r\n")).collect();
+    expected.push_str("+PONG\r\n$5\r\nhello\r\n:51\r\n");
+    assert_eq!(replies, expected);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_3_switches_to_resp3_and_real_clients_work_over_it() {
+    let server = memory_server(Config::default()).await;
+    let mut raw = server.raw().await;
+    let hello = raw
+        .send(&resp(&[b"HELLO", b"3", b"SETNAME", b"t1"]), 15)
+        .await;
+    assert!(
+        hello.starts_with("%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n"),
+        "{hello}"
+    );
+    assert!(hello.contains("$5\r\nproto\r\n:3\r\n"), "{hello}");
+    assert_eq!(
+        raw.send(&resp(&[b"CLIENT", b"GETNAME"]), 2).await,
+        "$2\r\nt1\r\n"
+    );
+    assert_eq!(
+        raw.send(b"GET-NOTHING\r\n", 1).await.chars().next(),
+        Some('-')
+    );
+
+    let client = redis::Client::open(format!("{}?protocol=resp3", server.url())).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let a: i64 = redis::cmd("INCR")
+        .arg("segment:order")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let b: i64 = redis::cmd("INCR")
+        .arg("segment:order")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(b, a + 1);
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(info.contains("redis_version:7.2.0"), "{info}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requirepass_gates_every_command_until_auth() {
+    let mut config = Config::default();
+    config.server.requirepass = Some("s3cret".into());
+    let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await;
+    let mut raw = server.raw().await;
+    assert_eq!(
+        raw.send(&resp(&[b"INCR", b"segment:x"]), 1).await,
+        "-NOAUTH Authentication required.\r\n"
+    );
+    assert_eq!(
+        raw.send(&resp(&[b"LEAF.TAG", b"CREATE", b"x", b"10"]), 1)
+            .await,
+        "-NOAUTH Authentication required.\r\n"
+    );
+    assert_eq!(
+        raw.send(&resp(&[b"AUTH", b"wrong"]), 1).await,
+        "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    );
+    assert_eq!(raw.send(&resp(&[b"AUTH", b"s3cret"]), 1).await, "+OK\r\n");
+    assert_eq!(
+        raw.send(&resp(&[b"LEAF.TAG", b"CREATE", b"x", b"10"]), 1)
+            .await,
+        "+OK\r\n"
+    );
+    assert_eq!(raw.send(&resp(&[b"INCR", b"segment:x"]), 1).await, ":1\r\n");
+    assert_eq!(raw.send(&resp(&[b"RESET"]), 1).await, "+RESET\r\n");
+    assert_eq!(
+        raw.send(b"PING\r\n", 1).await,
+        "-NOAUTH Authentication required.\r\n"
+    );
+
+    // A real client authenticates through HELLO/AUTH from the URL.
+    let url = format!("redis://:s3cret@{}/", server.addr);
+    let mut con = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let id: i64 = redis::cmd("INCR")
+        .arg("segment:x")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(id > 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_beyond_max_clients_are_refused_with_an_error() {
+    let mut config = Config::default();
+    config.server.max_clients = 2;
+    let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await;
+    let mut first = server.raw().await;
+    let mut second = server.raw().await;
+    assert_eq!(first.send(b"PING\r\n", 1).await, "+PONG\r\n");
+    assert_eq!(second.send(b"PING\r\n", 1).await, "+PONG\r\n");
+    let mut third = server.raw().await;
+    assert_eq!(
+        third.read_lines(1).await,
+        "-ERR max number of clients reached\r\n"
+    );
+    assert!(third.closed().await);
+    drop(first);
+    // The freed slot is reusable once the server noticed the close.
+    let mut ok = false;
+    for _ in 0..50 {
+        let mut again = server.raw().await;
+        if again.send(b"PING\r\n", 1).await == "+PONG\r\n" {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(ok, "a slot frees up after a client leaves");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshake_commands_answer_like_redis() {
+    let server = memory_server(Config::default()).await;
+    let mut raw = server.raw().await;
+    assert_eq!(
+        raw.send(&resp(&[b"CLIENT", b"SETINFO", b"LIB-NAME", b"x"]), 1)
+            .await,
+        "+OK\r\n"
+    );
+    assert_eq!(raw.send(&resp(&[b"SELECT", b"0"]), 1).await, "+OK\r\n");
+    let count = raw.send(&resp(&[b"COMMAND", b"COUNT"]), 1).await;
+    assert_eq!(count, format!(":{}\r\n", leafd::cmd::table::COMMANDS.len()));
+    let config = raw
+        .send(&resp(&[b"CONFIG", b"GET", b"maxclients"]), 4)
+        .await;
+    assert_eq!(config, "*2\r\n$10\r\nmaxclients\r\n$5\r\n10000\r\n");
+    let time = raw.send(&resp(&[b"TIME"]), 5).await;
+    assert!(time.starts_with("*2\r\n$10\r\n"), "{time}");
+    assert_eq!(raw.send(&resp(&[b"QUIT"]), 1).await, "+OK\r\n");
+    assert!(raw.closed().await);
+    server.stop().await;
+}
