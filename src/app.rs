@@ -46,7 +46,7 @@ impl App {
     /// Validates the config, opens and migrates the configured store, and starts the engine.
     pub async fn open(config: Config) -> Result<Arc<App>, AppError> {
         config.validate()?;
-        let store = storage::open(&config.storage).await?;
+        let store = storage::open(&config.storage, true).await?;
         App::with_store(config, store, Arc::new(SystemClock)).await
     }
 

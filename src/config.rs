@@ -103,6 +103,10 @@ impl Default for StorageConfig {
 }
 
 impl StorageConfig {
+    pub fn acquire_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.acquire_timeout_ms)
+    }
+
     /// The URL with any password replaced, for logs.
     pub fn redacted_url(&self) -> String {
         redact_url_password(&self.url)

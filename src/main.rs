@@ -42,6 +42,8 @@ enum Command {
     Serve,
     /// Print the effective configuration (secrets redacted) and exit.
     CheckConfig,
+    /// Create or upgrade the leaf_alloc schema in the configured database, then exit.
+    Migrate,
 }
 
 impl Cli {
@@ -105,9 +107,20 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let config = cli.load_config()?;
-    if let Some(Command::CheckConfig) = cli.command {
-        println!("{config:#?}");
-        return Ok(());
+    match cli.command {
+        Some(Command::CheckConfig) => {
+            println!("{config:#?}");
+            return Ok(());
+        }
+        Some(Command::Migrate) => {
+            let store = leafd::storage::open(&config.storage, true)
+                .await
+                .with_context(|| format!("cannot migrate {}", config.storage.redacted_url()))?;
+            store.close().await;
+            println!("schema of {} is up to date", config.storage.redacted_url());
+            return Ok(());
+        }
+        Some(Command::Serve) | None => {}
     }
     let listener = TcpListener::bind(&config.server.bind)
         .await

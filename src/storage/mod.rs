@@ -2,6 +2,8 @@
 //! implementation per database dialect, chosen by the storage URL.
 
 mod memory;
+mod mysql;
+mod postgres;
 mod sqlite;
 
 use std::sync::Arc;
@@ -11,6 +13,8 @@ use async_trait::async_trait;
 use crate::config::StorageConfig;
 
 pub use memory::MemoryStore;
+pub use mysql::MySqlStore;
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 /// One row of `leaf_alloc`.
@@ -71,12 +75,33 @@ pub trait SegmentStore: Send + Sync + 'static {
     async fn close(&self);
 }
 
-/// Opens the store the URL names and runs its migrations.
-pub async fn open(config: &StorageConfig) -> Result<Arc<dyn SegmentStore>, StoreError> {
+/// Opens the store the URL names and, when `migrate` is set, brings its schema up to date.
+pub async fn open(
+    config: &StorageConfig,
+    migrate: bool,
+) -> Result<Arc<dyn SegmentStore>, StoreError> {
     let url = config.url.as_str();
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::open(config).await?))
+        Ok(Arc::new(SqliteStore::open(config, migrate).await?))
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        let mut config = config.clone();
+        if let Some(rest) = url.strip_prefix("mariadb://") {
+            config.url = format!("mysql://{rest}");
+        }
+        Ok(Arc::new(MySqlStore::open(&config, migrate).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStore::open(config, migrate).await?))
     } else {
         Err(StoreError::UnsupportedUrl(config.redacted_url()))
+    }
+}
+
+/// Maps a failed INSERT of a tag: a primary-key clash means the tag exists.
+fn insert_error(err: sqlx::Error, tag: &str) -> StoreError {
+    match &err {
+        sqlx::Error::Database(db) if db.is_unique_violation() => {
+            StoreError::TagExists(tag.to_string())
+        }
+        _ => StoreError::Database(err),
     }
 }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::Row;
 
-use super::{LeafAlloc, SegmentStore, StoreError};
+use super::{insert_error, LeafAlloc, SegmentStore, StoreError};
 use crate::config::StorageConfig;
 
 pub struct SqliteStore {
@@ -18,7 +18,7 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if missing, with its parent directory) the database file and migrates it.
-    pub async fn open(config: &StorageConfig) -> Result<SqliteStore, StoreError> {
+    pub async fn open(config: &StorageConfig, migrate: bool) -> Result<SqliteStore, StoreError> {
         let path = sqlite_path(&config.url)?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| {
@@ -32,10 +32,12 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
             .max_connections(config.max_connections)
-            .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
+            .acquire_timeout(config.acquire_timeout())
             .connect_with(options)
             .await?;
-        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        if migrate {
+            sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        }
         Ok(SqliteStore { pool })
     }
 }
@@ -98,19 +100,16 @@ impl SegmentStore for SqliteStore {
         max_id: i64,
         description: Option<&str>,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(
-            "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT(biz_tag) DO NOTHING",
+        sqlx::query(
+            "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?1, ?2, ?3, ?4)",
         )
         .bind(tag)
         .bind(max_id)
         .bind(step)
         .bind(description)
         .execute(&self.pool)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::TagExists(tag.to_string()));
-        }
+        .await
+        .map_err(|e| insert_error(e, tag))?;
         Ok(())
     }
 

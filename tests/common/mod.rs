@@ -2,6 +2,7 @@
 //! that counts allocations.
 #![allow(dead_code)]
 
+pub mod backends;
 pub mod scenarios;
 
 use std::net::SocketAddr;

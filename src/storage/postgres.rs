@@ -1,0 +1,110 @@
+//! PostgreSQL store: allocation is one `UPDATE … RETURNING`, atomic under the row lock, so
+//! concurrent nodes never receive overlapping segments.
+
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::Row;
+
+use super::{insert_error, LeafAlloc, SegmentStore, StoreError};
+use crate::config::StorageConfig;
+
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects (failing fast on a bad URL or credentials) and migrates when asked to.
+    pub async fn open(config: &StorageConfig, migrate: bool) -> Result<PostgresStore, StoreError> {
+        let options = PgConnectOptions::from_str(&config.url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(config.acquire_timeout())
+            .connect_with(options)
+            .await?;
+        if migrate {
+            sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        }
+        Ok(PostgresStore { pool })
+    }
+}
+
+fn row_to_alloc(row: &PgRow) -> Result<LeafAlloc, sqlx::Error> {
+    Ok(LeafAlloc {
+        tag: row.try_get("biz_tag")?,
+        max_id: row.try_get("max_id")?,
+        step: i64::from(row.try_get::<i32, _>("step")?),
+        description: row.try_get("description")?,
+    })
+}
+
+#[async_trait]
+impl SegmentStore for PostgresStore {
+    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+        let row = sqlx::query(
+            "UPDATE leaf_alloc SET max_id = max_id + COALESCE($1::BIGINT, step), \
+             update_time = CURRENT_TIMESTAMP WHERE biz_tag = $2 \
+             RETURNING biz_tag, max_id, step, description",
+        )
+        .bind(step)
+        .bind(tag)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row) => Ok(row_to_alloc(&row)?),
+            None => Err(StoreError::UnknownTag(tag.to_string())),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT biz_tag, max_id, step, description FROM leaf_alloc ORDER BY biz_tag",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(row_to_alloc).collect::<Result<_, _>>()?)
+    }
+
+    async fn create_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        max_id: i64,
+        description: Option<&str>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ($1, $2, $3::INT, $4)",
+        )
+        .bind(tag)
+        .bind(max_id)
+        .bind(step)
+        .bind(description)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| insert_error(e, tag))?;
+        Ok(())
+    }
+
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE leaf_alloc SET step = $1::INT, update_time = CURRENT_TIMESTAMP WHERE biz_tag = $2",
+        )
+        .bind(step)
+        .bind(tag)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::UnknownTag(tag.to_string()));
+        }
+        Ok(())
+    }
+
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
