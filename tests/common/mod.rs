@@ -194,3 +194,71 @@ impl SegmentStore for CountingStore {
         self.inner.close().await
     }
 }
+
+/// How a [`FlakyStore`] behaves right now.
+pub const STORE_OK: u8 = 0;
+pub const STORE_FAILS: u8 = 1;
+pub const STORE_HANGS: u8 = 2;
+
+/// Wraps a store and can be switched to fail at once or to hang, like a database that is down
+/// or unreachable behind a dead network.
+pub struct FlakyStore {
+    pub inner: Arc<dyn SegmentStore>,
+    pub mode: std::sync::atomic::AtomicU8,
+}
+
+impl FlakyStore {
+    pub fn new(inner: Arc<dyn SegmentStore>) -> Arc<FlakyStore> {
+        Arc::new(FlakyStore {
+            inner,
+            mode: std::sync::atomic::AtomicU8::new(STORE_OK),
+        })
+    }
+
+    pub fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+
+    async fn gate(&self) -> Result<(), StoreError> {
+        match self.mode.load(Ordering::SeqCst) {
+            STORE_FAILS => Err(StoreError::Unavailable("connection refused".into())),
+            STORE_HANGS => {
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl SegmentStore for FlakyStore {
+    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+        self.gate().await?;
+        self.inner.allocate(tag, step).await
+    }
+    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
+        self.gate().await?;
+        self.inner.list().await
+    }
+    async fn create_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        max_id: i64,
+        description: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.gate().await?;
+        self.inner.create_tag(tag, step, max_id, description).await
+    }
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+        self.gate().await?;
+        self.inner.set_step(tag, step).await
+    }
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
