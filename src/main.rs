@@ -97,6 +97,13 @@ async fn shutdown_signal() {
     }
 }
 
+/// Logs one line naming the cause (library errors already carry their sources' text) and exits 1.
+fn exit_with(what: &str, err: &dyn std::fmt::Display) -> ! {
+    tracing::error!("{what}: {err}");
+    eprintln!("leafd: {what}: {err}");
+    std::process::exit(1)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -113,9 +120,13 @@ async fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Migrate) => {
-            let store = leafd::storage::open(&config.storage, true)
-                .await
-                .with_context(|| format!("cannot migrate {}", config.storage.redacted_url()))?;
+            let store = match leafd::storage::open(&config.storage, true).await {
+                Ok(store) => store,
+                Err(e) => exit_with(
+                    &format!("cannot migrate {}", config.storage.redacted_url()),
+                    &e,
+                ),
+            };
             store.close().await;
             println!("schema of {} is up to date", config.storage.redacted_url());
             return Ok(());
@@ -126,7 +137,10 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.server.bind))?;
     let storage_url = config.storage.redacted_url();
-    let app = App::open(config).await.context("cannot start leafd")?;
+    let app = match App::open(config).await {
+        Ok(app) => app,
+        Err(e) => exit_with("cannot start leafd", &e),
+    };
     tracing::info!(
         resp = %listener.local_addr()?,
         storage = %storage_url,
