@@ -1,7 +1,7 @@
 //! The application state shared by every connection: configuration, the segment engine and
 //! its store, connection statistics, and the background tasks they own.
 
-use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, ConfigError};
 use crate::engine::clock::{Clock, SystemClock};
 use crate::engine::segment::{SegmentEngine, SegmentError, SegmentSettings};
-use crate::storage::{self, SegmentStore, StoreError};
+use crate::storage::{self, DeferredStore, SegmentStore, StoreError};
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +37,7 @@ pub struct App {
     pub segments: Arc<SegmentEngine>,
     pub stats: ServerStats,
     pub started_at: Instant,
+    storage_ready: AtomicBool,
     next_client_id: AtomicU64,
     local_port: AtomicU16,
     background: CancellationToken,
@@ -44,10 +45,27 @@ pub struct App {
 
 impl App {
     /// Validates the config, opens and migrates the configured store, and starts the engine.
+    /// A database that is merely unreachable does not stop the start: segment commands reply
+    /// `UNAVAILABLE` while a background task keeps connecting. A bad URL, wrong credentials or a
+    /// failed migration are errors.
     pub async fn open(config: Config) -> Result<Arc<App>, AppError> {
         config.validate()?;
-        let store = storage::open(&config.storage, true).await?;
-        App::with_store(config, store, Arc::new(SystemClock)).await
+        match storage::open(&config.storage, config.storage.migrate).await {
+            Ok(store) => App::with_store(config, store, Arc::new(SystemClock)).await,
+            Err(err) if err.is_transient() => {
+                tracing::error!(
+                    storage = %config.storage.redacted_url(),
+                    error = %err,
+                    "database unreachable at start; segment commands reply UNAVAILABLE until it is reachable"
+                );
+                let backend = storage::backend_of(&config.storage.url).unwrap_or("unknown");
+                let deferred = DeferredStore::new(backend, err.to_string());
+                let app = App::build(config, deferred.clone(), Arc::new(SystemClock));
+                app.spawn_connector(deferred);
+                Ok(app)
+            }
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Starts the application on a given store and clock (tests use wrappers and fakes here).
@@ -56,9 +74,35 @@ impl App {
         store: Arc<dyn SegmentStore>,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<App>, AppError> {
+        let app = App::build(config, store, clock);
+        app.initialise_storage().await?;
+        Ok(app)
+    }
+
+    fn build(config: Config, store: Arc<dyn SegmentStore>, clock: Arc<dyn Clock>) -> Arc<App> {
         let segments = SegmentEngine::new(store, SegmentSettings::from(&config.segment), clock);
-        for seed in &config.segment.tags {
-            let created = segments
+        let background = CancellationToken::new();
+        segments.spawn_refresher(
+            Duration::from_secs(config.segment.refresh_interval_secs),
+            background.clone(),
+        );
+        Arc::new(App {
+            config,
+            segments,
+            stats: ServerStats::default(),
+            started_at: Instant::now(),
+            storage_ready: AtomicBool::new(false),
+            next_client_id: AtomicU64::new(1),
+            local_port: AtomicU16::new(0),
+            background,
+        })
+    }
+
+    /// Creates the configured tags that are missing and loads the tag list.
+    async fn initialise_storage(&self) -> Result<(), AppError> {
+        for seed in &self.config.segment.tags {
+            let created = self
+                .segments
                 .ensure_tag(
                     &seed.tag,
                     seed.step,
@@ -74,21 +118,49 @@ impl App {
                 tracing::info!(tag = %seed.tag, step = seed.step, start = seed.start, "created configured tag");
             }
         }
-        segments.refresh_tags().await?;
-        let background = CancellationToken::new();
-        segments.spawn_refresher(
-            Duration::from_secs(config.segment.refresh_interval_secs),
-            background.clone(),
-        );
-        Ok(Arc::new(App {
-            config,
-            segments,
-            stats: ServerStats::default(),
-            started_at: Instant::now(),
-            next_client_id: AtomicU64::new(1),
-            local_port: AtomicU16::new(0),
-            background,
-        }))
+        self.segments.refresh_tags().await?;
+        self.storage_ready.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Keeps trying to open the database (backing off up to 10 s) until it answers.
+    fn spawn_connector(self: &Arc<Self>, deferred: Arc<DeferredStore>) {
+        let app = self.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(250);
+            loop {
+                tokio::select! {
+                    _ = app.background.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                match storage::open(&app.config.storage, app.config.storage.migrate).await {
+                    Ok(store) => {
+                        deferred.connect(store);
+                        match app.initialise_storage().await {
+                            Ok(()) => tracing::info!("database reachable: segment service started"),
+                            Err(e) => {
+                                tracing::error!(error = %e, "database reachable but initialisation failed; the periodic refresh retries")
+                            }
+                        }
+                        return;
+                    }
+                    Err(e) if e.is_transient() => {
+                        deferred.set_error(e.to_string());
+                        backoff = (backoff * 2).min(Duration::from_secs(10));
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "database refused leafd; segment commands stay UNAVAILABLE until the configuration is fixed");
+                        deferred.set_error(e.to_string());
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// True once the database answered and the tag list was loaded.
+    pub fn storage_ready(&self) -> bool {
+        self.storage_ready.load(Ordering::SeqCst)
     }
 
     pub fn next_client_id(&self) -> u64 {

@@ -90,6 +90,9 @@ pub struct StorageConfig {
     pub max_connections: u32,
     /// How long a database call may wait for a pooled connection, in milliseconds.
     pub acquire_timeout_ms: u64,
+    /// Create or upgrade the schema at start; turn off where schemas are managed by hand
+    /// (`leafd migrate`), and leafd then refuses to start if `leaf_alloc` is missing.
+    pub migrate: bool,
 }
 
 impl Default for StorageConfig {
@@ -98,6 +101,7 @@ impl Default for StorageConfig {
             url: "sqlite://data/leafd.db".into(),
             max_connections: 8,
             acquire_timeout_ms: 1000,
+            migrate: true,
         }
     }
 }
@@ -119,6 +123,7 @@ impl fmt::Debug for StorageConfig {
             .field("url", &self.redacted_url())
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout_ms", &self.acquire_timeout_ms)
+            .field("migrate", &self.migrate)
             .finish()
     }
 }

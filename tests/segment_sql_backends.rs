@@ -4,10 +4,12 @@
 mod common;
 
 use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 use common::backends::Backend;
+use common::proxy::{split_server_url, TcpProxy};
 use common::scenarios::{self, create_tag, unique_tag};
-use common::TestServer;
+use common::{resp, TestServer};
 use leafd::app::App;
 use leafd::config::Config;
 
@@ -66,27 +68,132 @@ async fn three_nodes_share_one_database(url: &str) {
     }
 }
 
-/// A wrong password and an unreachable server are clear errors at start, not panics.
-async fn bad_configuration_is_a_clear_error(backend: Backend, server_url: &str) {
-    let (wrong_password, unreachable) = match backend {
-        Backend::MySql => (
-            server_url.replacen("mysql://root@", "mysql://root:wrong-password@", 1) + "/test",
-            "mysql://root@127.0.0.1:1/test".to_string(),
-        ),
-        Backend::Postgres => (
-            server_url.to_string() + "/no_such_database_leafd",
-            "postgres://postgres@127.0.0.1:1/test".to_string(),
-        ),
+/// A wrong password, a missing database or a missing table (with migrations off) are clear
+/// errors at start, not panics; an unreachable server is not fatal (see database_down_at_start).
+async fn bad_configuration_is_a_clear_error(backend: Backend, server_url: &str, fresh_db: &str) {
+    let refused = match backend {
+        Backend::MySql => {
+            server_url.replacen("mysql://root@", "mysql://root:wrong-password@", 1) + "/test"
+        }
+        Backend::Postgres => server_url.to_string() + "/no_such_database_leafd",
     };
-    for url in [wrong_password, unreachable] {
-        let mut config = config_for(&url);
-        config.storage.acquire_timeout_ms = 2000;
-        let err = match App::open(config).await {
-            Ok(_) => panic!("{url} must not start"),
-            Err(e) => e.to_string(),
-        };
-        assert!(err.starts_with("storage: database error:"), "{url}: {err}");
+    let mut config = config_for(&refused);
+    config.storage.acquire_timeout_ms = 2000;
+    let err = match App::open(config).await {
+        Ok(_) => panic!("{refused} must not start"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.starts_with("storage: database error:"),
+        "{refused}: {err}"
+    );
+
+    let mut config = config_for(fresh_db);
+    config.storage.migrate = false;
+    let err = match App::open(config).await {
+        Ok(_) => panic!("a database without leaf_alloc must not start when migrate = false"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("leaf_alloc"), "names the missing table: {err}");
+}
+
+/// The database URL `url` (`scheme://user@host:port/db`) routed through a new proxy.
+async fn through_proxy(url: &str, start_up: bool) -> (TcpProxy, String) {
+    let (prefix, target) = split_server_url(url);
+    let proxy = TcpProxy::start(target.clone(), start_up).await;
+    let routed = url.replacen(
+        &format!("{prefix}{target}"),
+        &format!("{prefix}{}", proxy.addr),
+        1,
+    );
+    (proxy, routed)
+}
+
+async fn incr(raw: &mut common::RawClient, tag: &str) -> String {
+    raw.send(&resp(&[b"INCR", format!("segment:{tag}").as_bytes()]), 1)
+        .await
+}
+
+/// Started while the database is unreachable: PING works, segment commands are UNAVAILABLE,
+/// and once the database answers the server serves IDs without a restart.
+async fn database_down_at_start(url: &str) {
+    let (proxy, routed) = through_proxy(url, false).await;
+    let mut config = config_for(&routed);
+    config.storage.acquire_timeout_ms = 500;
+    let server = TestServer::start(config).await;
+    assert!(!server.app.storage_ready());
+    let mut raw = server.raw().await;
+    assert_eq!(raw.send(b"PING\r\n", 1).await, "+PONG\r\n");
+    let reply = incr(&mut raw, "early").await;
+    assert!(
+        reply.starts_with("-UNAVAILABLE segment for 'early' exhausted and database unreachable: "),
+        "{reply}"
+    );
+    proxy.restore();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !server.app.storage_ready() {
+        assert!(Instant::now() < deadline, "storage never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let tag = unique_tag("late");
+    create_tag(&server, &tag, 10, None).await;
+    assert_eq!(incr(&mut raw, &tag).await, ":1\r\n");
+    server.stop().await;
+}
+
+/// The connection to the database is cut at run time: both buffers are served, then
+/// UNAVAILABLE within the load timeout, then recovery once the connection is restored.
+async fn outage_at_run_time(url: &str) {
+    let (proxy, routed) = through_proxy(url, true).await;
+    let mut config = config_for(&routed);
+    config.storage.acquire_timeout_ms = 500;
+    config.segment.adaptive_step = false;
+    config.segment.load_timeout_ms = 500;
+    let server = TestServer::start(config).await;
+    let tag = unique_tag("outage");
+    create_tag(&server, &tag, 100, None).await;
+    let mut raw = server.raw().await;
+    for expected in 1..=10 {
+        assert_eq!(incr(&mut raw, &tag).await, format!(":{expected}\r\n"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server
+        .app
+        .segments
+        .snapshot()
+        .iter()
+        .all(|t| t.next.is_none())
+    {
+        assert!(Instant::now() < deadline, "next segment never preloaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.cut();
+    for expected in 11..=200 {
+        assert_eq!(incr(&mut raw, &tag).await, format!(":{expected}\r\n"));
+    }
+    let started = Instant::now();
+    let reply = incr(&mut raw, &tag).await;
+    assert!(reply.starts_with("-UNAVAILABLE segment for"), "{reply}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "took {:?}",
+        started.elapsed()
+    );
+    proxy.restore();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        let reply = incr(&mut raw, &tag).await;
+        if let Some(id) = reply.strip_prefix(':') {
+            break id.trim().parse::<i64>().unwrap();
+        }
+        assert!(Instant::now() < deadline, "no recovery: {reply}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        first > 200,
+        "after recovery IDs continue above 200, got {first}"
+    );
+    server.stop().await;
 }
 
 macro_rules! backend_tests {
@@ -154,14 +261,35 @@ macro_rules! backend_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn bad_configuration_is_a_clear_error() {
-                let Some(server) = $backend.server_url(concat!(
-                    stringify!($module),
-                    "::bad_configuration_is_a_clear_error"
-                )) else {
+            async fn database_down_at_start() {
+                let Some(url) = $backend
+                    .fresh_database(concat!(stringify!($module), "::database_down_at_start"))
+                    .await
+                else {
                     return;
                 };
-                super::bad_configuration_is_a_clear_error($backend, &server).await;
+                super::database_down_at_start(&url).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn outage_at_run_time() {
+                let Some(url) = $backend
+                    .fresh_database(concat!(stringify!($module), "::outage_at_run_time"))
+                    .await
+                else {
+                    return;
+                };
+                super::outage_at_run_time(&url).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn bad_configuration_is_a_clear_error() {
+                let name = concat!(stringify!($module), "::bad_configuration_is_a_clear_error");
+                let Some(server) = $backend.server_url(name) else {
+                    return;
+                };
+                let fresh = $backend.fresh_database(name).await.unwrap();
+                super::bad_configuration_is_a_clear_error($backend, &server, &fresh).await;
             }
         }
     };

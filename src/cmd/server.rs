@@ -139,9 +139,10 @@ pub fn info(args: &[Bytes], app: &Arc<App>) -> Reply {
         let seg = app.segments.stats();
         let _ = write!(
             out,
-            "# Leafd\r\nsegment_storage:{}\r\nsegment_tags:{}\r\nsegment_ids_served:{}\r\n\
+            "# Leafd\r\nsegment_storage:{}\r\nsegment_storage_ready:{}\r\nsegment_tags:{}\r\nsegment_ids_served:{}\r\n\
              segment_loads_ok:{}\r\nsegment_loads_failed:{}\r\nsegment_request_waits:{}\r\n\r\n",
             app.segments.store().backend(),
+            app.storage_ready() as u8,
             app.segments.tag_count(),
             seg.ids_served.load(Ordering::Relaxed),
             seg.loads_ok.load(Ordering::Relaxed),

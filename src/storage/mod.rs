@@ -1,6 +1,7 @@
 //! Segment storage: the [`SegmentStore`] trait over Leaf's `leaf_alloc` table, one
 //! implementation per database dialect, chosen by the storage URL.
 
+mod deferred;
 mod memory;
 mod mysql;
 mod postgres;
@@ -12,6 +13,7 @@ use async_trait::async_trait;
 
 use crate::config::StorageConfig;
 
+pub use deferred::DeferredStore;
 pub use memory::MemoryStore;
 pub use mysql::MySqlStore;
 pub use postgres::PostgresStore;
@@ -43,6 +45,44 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+}
+
+impl StoreError {
+    /// True for failures that may pass by themselves (the server is down, restarting or out of
+    /// reach), false for ones that need an operator (bad URL, wrong password, failed migration).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Unavailable(_) => true,
+            StoreError::Database(err) => match err {
+                sqlx::Error::Io(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_) => true,
+                // SQLSTATE 08 (connection exception) and 57 (operator intervention, e.g. the
+                // server is starting up or shutting down).
+                sqlx::Error::Database(db) => db
+                    .code()
+                    .is_some_and(|code| code.starts_with("08") || code.starts_with("57")),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
+/// The short backend name a storage URL selects, or `None` for an unsupported scheme.
+pub fn backend_of(url: &str) -> Option<&'static str> {
+    if url.starts_with("sqlite:") {
+        Some("sqlite")
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        Some("mysql")
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Some("postgres")
+    } else {
+        None
+    }
 }
 
 /// Access to `leaf_alloc`. Implementations make [`SegmentStore::allocate`] atomic, so that any
@@ -80,19 +120,17 @@ pub async fn open(
     config: &StorageConfig,
     migrate: bool,
 ) -> Result<Arc<dyn SegmentStore>, StoreError> {
-    let url = config.url.as_str();
-    if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::open(config, migrate).await?))
-    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-        let mut config = config.clone();
-        if let Some(rest) = url.strip_prefix("mariadb://") {
-            config.url = format!("mysql://{rest}");
+    match backend_of(&config.url) {
+        Some("sqlite") => Ok(Arc::new(SqliteStore::open(config, migrate).await?)),
+        Some("mysql") => {
+            let mut config = config.clone();
+            if let Some(rest) = config.url.strip_prefix("mariadb://") {
+                config.url = format!("mysql://{rest}");
+            }
+            Ok(Arc::new(MySqlStore::open(&config, migrate).await?))
         }
-        Ok(Arc::new(MySqlStore::open(&config, migrate).await?))
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PostgresStore::open(config, migrate).await?))
-    } else {
-        Err(StoreError::UnsupportedUrl(config.redacted_url()))
+        Some("postgres") => Ok(Arc::new(PostgresStore::open(config, migrate).await?)),
+        _ => Err(StoreError::UnsupportedUrl(config.redacted_url())),
     }
 }
 

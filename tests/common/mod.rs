@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod backends;
+pub mod proxy;
 pub mod scenarios;
 
 use std::net::SocketAddr;

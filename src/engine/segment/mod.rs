@@ -362,7 +362,12 @@ impl SegmentEngine {
         }
         let now = self.clock.now_millis();
         if last_refresh.is_none_or(|t| now.saturating_sub(t) >= MISS_REFRESH_INTERVAL_MS) {
-            self.refresh_locked().await?;
+            self.refresh_locked()
+                .await
+                .map_err(|e| SegmentError::Unavailable {
+                    tag: tag.to_string(),
+                    reason: e.to_string(),
+                })?;
             *last_refresh = Some(now);
         }
         self.tags

@@ -1,0 +1,81 @@
+//! A store whose database was unreachable at start: every call fails with "not connected"
+//! until the background connector installs the real store, after which calls pass through.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use async_trait::async_trait;
+
+use super::{LeafAlloc, SegmentStore, StoreError};
+
+pub struct DeferredStore {
+    backend: &'static str,
+    connected: OnceLock<Arc<dyn SegmentStore>>,
+    last_error: Mutex<String>,
+}
+
+impl DeferredStore {
+    pub fn new(backend: &'static str, first_error: String) -> Arc<DeferredStore> {
+        Arc::new(DeferredStore {
+            backend,
+            connected: OnceLock::new(),
+            last_error: Mutex::new(first_error),
+        })
+    }
+
+    /// Installs the connected store; later calls go to it.
+    pub fn connect(&self, store: Arc<dyn SegmentStore>) {
+        let _ = self.connected.set(store);
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.connected.get().is_some()
+    }
+
+    pub fn set_error(&self, error: String) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
+    }
+
+    fn store(&self) -> Result<&Arc<dyn SegmentStore>, StoreError> {
+        self.connected.get().ok_or_else(|| {
+            let error = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+            StoreError::Unavailable(format!("database not connected yet: {error}"))
+        })
+    }
+}
+
+#[async_trait]
+impl SegmentStore for DeferredStore {
+    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+        self.store()?.allocate(tag, step).await
+    }
+
+    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
+        self.store()?.list().await
+    }
+
+    async fn create_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        max_id: i64,
+        description: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.store()?
+            .create_tag(tag, step, max_id, description)
+            .await
+    }
+
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+        self.store()?.set_step(tag, step).await
+    }
+
+    fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    async fn close(&self) {
+        if let Some(store) = self.connected.get() {
+            store.close().await;
+        }
+    }
+}
