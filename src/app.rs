@@ -7,9 +7,12 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, CoordinatorKind};
+use crate::coord::zookeeper::{self, ZkShared, ZkWorker};
+use crate::coord::CoordError;
 use crate::engine::clock::{Clock, SystemClock};
 use crate::engine::segment::{SegmentEngine, SegmentError, SegmentSettings};
+use crate::engine::snowflake::{SnowflakeEngine, WorkerLease};
 use crate::storage::{self, DeferredStore, SegmentStore, StoreError};
 
 /// Why the application could not start.
@@ -21,6 +24,8 @@ pub enum AppError {
     Storage(#[from] StoreError),
     #[error("cannot create configured tag '{tag}': {source}")]
     Seed { tag: String, source: SegmentError },
+    #[error("snowflake worker id: {0}")]
+    Coord(#[from] CoordError),
 }
 
 /// Connection counters for INFO.
@@ -35,6 +40,11 @@ pub struct ServerStats {
 pub struct App {
     pub config: Config,
     pub segments: Arc<SegmentEngine>,
+    /// `None` when `snowflake.enabled = false`.
+    pub snowflake: Option<Arc<SnowflakeEngine>>,
+    /// The ZooKeeper registration's state, when the worker id comes from ZooKeeper.
+    pub zookeeper: Option<Arc<ZkShared>>,
+    zk_worker: tokio::sync::Mutex<Option<ZkWorker>>,
     pub stats: ServerStats,
     pub started_at: Instant,
     storage_ready: AtomicBool,
@@ -49,9 +59,17 @@ impl App {
     /// `UNAVAILABLE` while a background task keeps connecting. A bad URL, wrong credentials or a
     /// failed migration are errors.
     pub async fn open(config: Config) -> Result<Arc<App>, AppError> {
+        App::open_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    /// [`App::open`] with a given clock (tests shift it to exercise the clock rules).
+    pub async fn open_with_clock(
+        config: Config,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<App>, AppError> {
         config.validate()?;
         match storage::open(&config.storage, config.storage.migrate).await {
-            Ok(store) => App::with_store(config, store, Arc::new(SystemClock)).await,
+            Ok(store) => App::with_store(config, store, clock).await,
             Err(err) if err.is_transient() => {
                 tracing::error!(
                     storage = %config.storage.redacted_url(),
@@ -60,7 +78,8 @@ impl App {
                 );
                 let backend = storage::backend_of(&config.storage.url).unwrap_or("unknown");
                 let deferred = DeferredStore::new(backend, err.to_string());
-                let app = App::build(config, deferred.clone(), Arc::new(SystemClock));
+                let snowflake = start_snowflake(&config, clock.clone()).await?;
+                let app = App::build(config, deferred.clone(), clock, snowflake);
                 app.spawn_connector(deferred);
                 Ok(app)
             }
@@ -74,12 +93,18 @@ impl App {
         store: Arc<dyn SegmentStore>,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<App>, AppError> {
-        let app = App::build(config, store, clock);
+        let snowflake = start_snowflake(&config, clock.clone()).await?;
+        let app = App::build(config, store, clock, snowflake);
         app.initialise_storage().await?;
         Ok(app)
     }
 
-    fn build(config: Config, store: Arc<dyn SegmentStore>, clock: Arc<dyn Clock>) -> Arc<App> {
+    fn build(
+        config: Config,
+        store: Arc<dyn SegmentStore>,
+        clock: Arc<dyn Clock>,
+        (snowflake, zk_worker): (Option<Arc<SnowflakeEngine>>, Option<ZkWorker>),
+    ) -> Arc<App> {
         let segments = SegmentEngine::new(store, SegmentSettings::from(&config.segment), clock);
         let background = CancellationToken::new();
         segments.spawn_refresher(
@@ -89,6 +114,9 @@ impl App {
         Arc::new(App {
             config,
             segments,
+            snowflake,
+            zookeeper: zk_worker.as_ref().map(|w| w.shared.clone()),
+            zk_worker: tokio::sync::Mutex::new(zk_worker),
             stats: ServerStats::default(),
             started_at: Instant::now(),
             storage_ready: AtomicBool::new(false),
@@ -176,9 +204,43 @@ impl App {
         self.local_port.store(port, Ordering::Relaxed);
     }
 
-    /// Stops background tasks and closes the database pool.
+    /// Stops background tasks, leaves ZooKeeper and closes the database pool.
     pub async fn close(&self) {
         self.background.cancel();
+        if let Some(worker) = self.zk_worker.lock().await.take() {
+            worker.close().await;
+        }
         self.segments.store().close().await;
     }
+}
+
+/// Obtains the worker id (static or ZooKeeper) and builds the snowflake engine.
+async fn start_snowflake(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+) -> Result<(Option<Arc<SnowflakeEngine>>, Option<ZkWorker>), AppError> {
+    let sf = &config.snowflake;
+    if !sf.enabled {
+        return Ok((None, None));
+    }
+    let layout = sf.layout();
+    let (worker_id, worker) = match sf.coordinator {
+        CoordinatorKind::Static => (sf.worker_id, None),
+        CoordinatorKind::Zookeeper => {
+            let endpoint = zookeeper::endpoint_for(&sf.zookeeper, &config.server.bind);
+            let worker = zookeeper::acquire(
+                &sf.zookeeper,
+                &endpoint,
+                layout.max_worker_id(),
+                clock.clone(),
+            )
+            .await?;
+            (worker.worker_id, Some(worker))
+        }
+    };
+    let lease = worker
+        .as_ref()
+        .map(|w| w.shared.clone() as Arc<dyn WorkerLease>);
+    let engine = SnowflakeEngine::new(layout, worker_id, sf.max_backward_ms, clock, lease);
+    Ok((Some(Arc::new(engine)), worker))
 }

@@ -16,6 +16,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub storage: StorageConfig,
     pub segment: SegmentConfig,
+    pub snowflake: SnowflakeConfig,
 }
 
 /// The RESP listener and its per-client limits.
@@ -174,6 +175,112 @@ impl Default for SegmentConfig {
     }
 }
 
+/// Where the snowflake worker id comes from.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CoordinatorKind {
+    /// `snowflake.worker_id` from the configuration (one node, or ids managed by hand).
+    #[default]
+    Static,
+    /// Leaf-snowflake's ZooKeeper registration (`[snowflake.zookeeper]`).
+    Zookeeper,
+}
+
+/// The snowflake engine and its worker id.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SnowflakeConfig {
+    pub enabled: bool,
+    /// Milliseconds since the UNIX epoch at which timestamps start (Twitter's by default).
+    pub epoch_ms: u64,
+    pub timestamp_bits: u32,
+    pub worker_id_bits: u32,
+    pub sequence_bits: u32,
+    /// A clock step back up to this many ms is waited out; a larger one is refused
+    /// (`-CLOCKBACK`) until the clock has caught up.
+    pub max_backward_ms: u64,
+    /// Largest n of `SNOWFLAKE <n>`.
+    pub max_batch: usize,
+    pub coordinator: CoordinatorKind,
+    /// The worker id when `coordinator = "static"`.
+    pub worker_id: u64,
+    pub zookeeper: ZookeeperConfig,
+}
+
+impl Default for SnowflakeConfig {
+    fn default() -> Self {
+        let layout = crate::engine::snowflake::Layout::default();
+        Self {
+            enabled: true,
+            epoch_ms: layout.epoch_ms,
+            timestamp_bits: layout.timestamp_bits,
+            worker_id_bits: layout.worker_bits,
+            sequence_bits: layout.sequence_bits,
+            max_backward_ms: 5,
+            max_batch: 4096,
+            coordinator: CoordinatorKind::Static,
+            worker_id: 0,
+            zookeeper: ZookeeperConfig::default(),
+        }
+    }
+}
+
+impl SnowflakeConfig {
+    pub fn layout(&self) -> crate::engine::snowflake::Layout {
+        crate::engine::snowflake::Layout {
+            epoch_ms: self.epoch_ms,
+            timestamp_bits: self.timestamp_bits,
+            worker_bits: self.worker_id_bits,
+            sequence_bits: self.sequence_bits,
+        }
+    }
+}
+
+/// Leaf-snowflake's ZooKeeper worker-id registry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ZookeeperConfig {
+    /// ZooKeeper connect string, e.g. `zk1:2181,zk2:2181`.
+    pub connect: String,
+    /// Parent of every cluster's tree.
+    pub root: String,
+    /// Name of this leafd cluster: nodes with the same name share one worker-id space.
+    pub cluster: String,
+    /// This node's identity `ip:port` in ZooKeeper; defaults to `server.bind`.
+    pub advertise: Option<String>,
+    pub session_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    /// How often this node writes its current time into its persistent node.
+    pub report_interval_ms: u64,
+    /// Refuse to start when this node's clock differs from the other live nodes' average by
+    /// more than this (each measured against ZooKeeper's own clock).
+    pub max_clock_skew_ms: u64,
+    /// A worker id whose node has been dead (no liveness node, no time report) for this long
+    /// may be given to a new node; 0 never reuses ids (Leaf's behaviour). A running node that
+    /// cannot report for half this long stops issuing snowflake IDs, so that its id can never
+    /// be in use twice.
+    pub reuse_after_secs: u64,
+    /// Local copy of the worker id and last reported time, used when ZooKeeper is down at start.
+    pub cache_file: String,
+}
+
+impl Default for ZookeeperConfig {
+    fn default() -> Self {
+        Self {
+            connect: "127.0.0.1:2181".into(),
+            root: "/leafd/snowflake".into(),
+            cluster: "default".into(),
+            advertise: None,
+            session_timeout_ms: 10_000,
+            connect_timeout_ms: 5_000,
+            report_interval_ms: 3_000,
+            max_clock_skew_ms: 5_000,
+            reuse_after_secs: 86_400,
+            cache_file: "data/snowflake-worker.json".into(),
+        }
+    }
+}
+
 /// A tag to create at start if the table does not have it yet.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -273,6 +380,35 @@ impl Config {
         }
         if self.segment.refresh_interval_secs == 0 || self.segment.load_timeout_ms == 0 {
             return invalid("segment.refresh_interval_secs and load_timeout_ms must be > 0".into());
+        }
+        let sf = &self.snowflake;
+        sf.layout().validate().or_else(invalid)?;
+        if sf.coordinator == CoordinatorKind::Static && sf.worker_id > sf.layout().max_worker_id() {
+            return invalid(format!(
+                "snowflake.worker_id {} does not fit in {} bits",
+                sf.worker_id, sf.worker_id_bits
+            ));
+        }
+        if sf.max_batch == 0 || sf.max_batch > 100_000 {
+            return invalid("snowflake.max_batch must be between 1 and 100000".into());
+        }
+        let zk = &sf.zookeeper;
+        if sf.coordinator == CoordinatorKind::Zookeeper {
+            if !zk.root.starts_with('/') || zk.root.ends_with('/') || zk.cluster.contains('/') {
+                return invalid(
+                    "snowflake.zookeeper.root must start and not end with '/', cluster has no '/'"
+                        .into(),
+                );
+            }
+            if zk.report_interval_ms == 0 || zk.session_timeout_ms == 0 {
+                return invalid("snowflake.zookeeper intervals must be > 0".into());
+            }
+            if zk.reuse_after_secs != 0 && zk.reuse_after_secs * 1000 < 10 * zk.session_timeout_ms {
+                return invalid(
+                    "snowflake.zookeeper.reuse_after_secs must be 0 or at least 10 session timeouts"
+                        .into(),
+                );
+            }
         }
         for seed in &self.segment.tags {
             validate_tag_name(&seed.tag)

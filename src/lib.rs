@@ -12,6 +12,7 @@
 pub mod app;
 pub mod cmd;
 pub mod config;
+pub mod coord;
 pub mod engine;
 pub mod protocol;
 pub mod server;

@@ -34,7 +34,7 @@ async fn bad_commands_get_errors_and_the_connection_stays_usable() {
         (&[b"INCRBY", b"segment:order", b"100001"], "-ERR increment exceeds the maximum of 100000\r\n"),
         (&[b"INCR", b"segment:missing"], "-ERR unknown tag 'missing'\r\n"),
         (&[b"INCR", b"segment:\xff\xfe"], "-ERR unknown tag '\u{fffd}\u{fffd}'\r\n"),
-        (&[b"INCR", b"counter"], "-ERR unsupported key 'counter': use segment:<tag>\r\n"),
+        (&[b"INCR", b"counter"], "-ERR unsupported key 'counter': use segment:<tag> or snowflake\r\n"),
         (&[b"SELECT", b"1"], "-ERR DB index is out of range\r\n"),
         (&[b"LEAF.TAG", b"CREATE", b"order", b"10"], "-ERR tag 'order' already exists\r\n"),
         (&[b"LEAF.TAG", b"CREATE", b"new", b"0"], "-ERR step must be between 1 and 1000000\r\n"),

@@ -5,6 +5,7 @@ mod admin;
 mod connection;
 mod segment;
 mod server;
+mod snowflake;
 pub mod table;
 
 use std::sync::Arc;
@@ -62,6 +63,9 @@ pub async fn execute(app: &Arc<App>, session: &mut Session, args: Vec<Bytes>) ->
         return Reply::error("NOAUTH Authentication required.");
     }
     match spec.name {
+        "incr" if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
+            snowflake::next(app).await
+        }
         "incr" => match segment::Incr::parse(&args) {
             Ok(cmd) => cmd.apply(app).await,
             Err(reply) => reply,
@@ -70,6 +74,9 @@ pub async fn execute(app: &Arc<App>, session: &mut Session, args: Vec<Bytes>) ->
             Ok(cmd) => cmd.apply(app).await,
             Err(reply) => reply,
         },
+        "snowflake" => snowflake::snowflake(&args, app).await,
+        "get" => snowflake::get(&args, app).await,
+        "leaf.decode" => snowflake::decode(&args, app),
         "ping" => connection::ping(&args, session),
         "echo" => Reply::Bulk(args[1].clone()),
         "hello" => connection::hello(&args, app, session),

@@ -14,7 +14,7 @@ const SEGMENT_PREFIX: &[u8] = b"segment:";
 fn tag_of(key: &Bytes) -> Result<&str, Reply> {
     let tag = key.strip_prefix(SEGMENT_PREFIX).ok_or_else(|| {
         Reply::error(format!(
-            "ERR unsupported key '{}': use segment:<tag>",
+            "ERR unsupported key '{}': use segment:<tag> or snowflake",
             lossy(key)
         ))
     })?;
@@ -49,6 +49,11 @@ pub struct IncrBy<'a> {
 
 impl<'a> IncrBy<'a> {
     pub fn parse(args: &'a [Bytes], app: &App) -> Result<IncrBy<'a>, Reply> {
+        if args[1].eq_ignore_ascii_case(super::snowflake::SNOWFLAKE_KEY) {
+            return Err(Reply::error(
+                "ERR INCRBY snowflake is not supported: use SNOWFLAKE <n>",
+            ));
+        }
         let tag = tag_of(&args[1])?;
         let count = parse_i64(&args[2])?;
         if count < 1 {

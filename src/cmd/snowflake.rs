@@ -1,0 +1,101 @@
+//! Snowflake commands: `SNOWFLAKE [n]`, `INCR snowflake` / `GET snowflake` for clients that
+//! only send INCR or GET, and `LEAF.DECODE <id>`.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+
+use super::{lossy, parse_i64};
+use crate::app::App;
+use crate::engine::snowflake::{SnowflakeEngine, SnowflakeError};
+use crate::protocol::Reply;
+
+/// The key that INCR and GET treat as "the next snowflake ID".
+pub const SNOWFLAKE_KEY: &[u8] = b"snowflake";
+
+fn engine(app: &App) -> Result<&Arc<SnowflakeEngine>, Reply> {
+    app.snowflake
+        .as_ref()
+        .ok_or_else(|| Reply::error("ERR snowflake is disabled on this server"))
+}
+
+/// The RESP error for an engine error; the first word is stable and documented.
+fn snowflake_error(err: &SnowflakeError) -> Reply {
+    match err {
+        SnowflakeError::ClockBack(_) => Reply::error(format!("CLOCKBACK {err}")),
+        SnowflakeError::Unavailable(_) => Reply::error(format!("UNAVAILABLE snowflake: {err}")),
+        SnowflakeError::Exhausted => Reply::error(format!("ERR {err}")),
+    }
+}
+
+/// One ID: `SNOWFLAKE`, `INCR snowflake`, `GET snowflake`.
+pub async fn next(app: &Arc<App>) -> Reply {
+    let engine = match engine(app) {
+        Ok(engine) => engine,
+        Err(reply) => return reply,
+    };
+    match engine.next_id().await {
+        Ok(id) => Reply::Integer(id),
+        Err(e) => snowflake_error(&e),
+    }
+}
+
+/// `SNOWFLAKE [n]`: one integer, or an array of n strictly increasing IDs.
+pub async fn snowflake(args: &[Bytes], app: &Arc<App>) -> Reply {
+    let Some(count) = args.get(1) else {
+        return next(app).await;
+    };
+    if args.len() > 2 {
+        return super::wrong_arity("snowflake");
+    }
+    let n = match parse_i64(count) {
+        Ok(n) => n,
+        Err(reply) => return reply,
+    };
+    let max = app.config.snowflake.max_batch;
+    if n < 1 || n as u64 > max as u64 {
+        return Reply::error(format!("ERR count must be between 1 and {max}"));
+    }
+    let engine = match engine(app) {
+        Ok(engine) => engine,
+        Err(reply) => return reply,
+    };
+    match engine.next_ids(n as usize).await {
+        Ok(ids) => Reply::Array(ids.into_iter().map(Reply::Integer).collect()),
+        Err(e) => snowflake_error(&e),
+    }
+}
+
+/// `GET snowflake`; any other key is not something leafd stores.
+pub async fn get(args: &[Bytes], app: &Arc<App>) -> Reply {
+    if args[1].eq_ignore_ascii_case(SNOWFLAKE_KEY) {
+        next(app).await
+    } else {
+        Reply::error(format!(
+            "ERR unsupported key '{}': GET only serves 'snowflake'",
+            lossy(&args[1])
+        ))
+    }
+}
+
+/// `LEAF.DECODE <id>`: timestamp, UTC time, worker id and sequence of a snowflake ID.
+pub fn decode(args: &[Bytes], app: &Arc<App>) -> Reply {
+    let id = match parse_i64(&args[1]) {
+        Ok(id) => id,
+        Err(reply) => return reply,
+    };
+    let layout = app.config.snowflake.layout();
+    let Some(fields) = layout.decode(id) else {
+        return Reply::error("ERR a snowflake ID is a positive integer");
+    };
+    let time =
+        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(fields.timestamp_ms));
+    Reply::map([
+        ("id", Reply::Integer(id)),
+        ("timestamp_ms", Reply::Integer(fields.timestamp_ms as i64)),
+        ("time", Reply::bulk(time.to_string())),
+        ("worker_id", Reply::Integer(fields.worker_id as i64)),
+        ("sequence", Reply::Integer(fields.sequence as i64)),
+    ])
+}

@@ -1,0 +1,129 @@
+//! Snowflake over RESP with a static worker id: SNOWFLAKE, INCR/GET snowflake, LEAF.DECODE.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use common::{resp, TestServer};
+use leafd::config::Config;
+use leafd::engine::snowflake::Layout;
+use leafd::storage::MemoryStore;
+
+async fn server(worker_id: u64) -> TestServer {
+    let mut config = Config::default();
+    config.snowflake.worker_id = worker_id;
+    TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_decode_to_this_worker_and_now() {
+    let server = server(37).await;
+    let mut con = server.client().await;
+    let layout = Layout::default();
+    let mut last = 0i64;
+    for command in ["SNOWFLAKE", "INCR", "GET"] {
+        let mut cmd = redis::cmd(command);
+        if command != "SNOWFLAKE" {
+            cmd.arg("snowflake");
+        }
+        let id: i64 = cmd.query_async(&mut con).await.unwrap();
+        let fields = layout.decode(id).unwrap();
+        assert_eq!(fields.worker_id, 37, "{command}");
+        assert!(
+            now_ms().abs_diff(fields.timestamp_ms) < 1000,
+            "{command}: {fields:?}"
+        );
+        assert!(id > last, "{command}: {id} after {last}");
+        last = id;
+    }
+    let batch: Vec<i64> = redis::cmd("SNOWFLAKE")
+        .arg(4096)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(batch.len(), 4096);
+    assert!(batch[0] > last);
+    assert!(batch.windows(2).all(|w| w[0] < w[1]), "strictly increasing");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_reports_every_field() {
+    let server = server(1).await;
+    let mut raw = server.raw().await;
+    // 1 ms after Twitter's epoch, worker 1, sequence 1.
+    let reply = raw.send(&resp(&[b"LEAF.DECODE", b"4198401"]), 17).await;
+    assert_eq!(
+        reply,
+        "*10\r\n$2\r\nid\r\n:4198401\r\n$12\r\ntimestamp_ms\r\n:1288834974658\r\n\
+         $4\r\ntime\r\n$24\r\n2010-11-04T01:42:54.658Z\r\n$9\r\nworker_id\r\n:1\r\n\
+         $8\r\nsequence\r\n:1\r\n"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_snowflake_input_gets_errors() {
+    let server = server(2).await;
+    let mut raw = server.raw().await;
+    let cases: &[(&[&[u8]], &str)] = &[
+        (
+            &[b"SNOWFLAKE", b"0"],
+            "-ERR count must be between 1 and 4096\r\n",
+        ),
+        (
+            &[b"SNOWFLAKE", b"4097"],
+            "-ERR count must be between 1 and 4096\r\n",
+        ),
+        (
+            &[b"SNOWFLAKE", b"x"],
+            "-ERR value is not an integer or out of range\r\n",
+        ),
+        (
+            &[b"SNOWFLAKE", b"1", b"2"],
+            "-ERR wrong number of arguments for 'snowflake' command\r\n",
+        ),
+        (
+            &[b"GET", b"other"],
+            "-ERR unsupported key 'other': GET only serves 'snowflake'\r\n",
+        ),
+        (
+            &[b"INCRBY", b"snowflake", b"3"],
+            "-ERR INCRBY snowflake is not supported: use SNOWFLAKE <n>\r\n",
+        ),
+        (
+            &[b"LEAF.DECODE", b"-5"],
+            "-ERR a snowflake ID is a positive integer\r\n",
+        ),
+        (
+            &[b"LEAF.DECODE", b"abc"],
+            "-ERR value is not an integer or out of range\r\n",
+        ),
+    ];
+    for (command, expected) in cases {
+        assert_eq!(&raw.send(&resp(command), 1).await, expected, "{command:?}");
+        assert_eq!(raw.send(b"PING\r\n", 1).await, "+PONG\r\n");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabled_snowflake_says_so() {
+    let mut config = Config::default();
+    config.snowflake.enabled = false;
+    let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await;
+    let mut raw = server.raw().await;
+    assert_eq!(
+        raw.send(&resp(&[b"SNOWFLAKE"]), 1).await,
+        "-ERR snowflake is disabled on this server\r\n"
+    );
+    server.stop().await;
+}
