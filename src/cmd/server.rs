@@ -140,7 +140,7 @@ pub fn info(args: &[Bytes], app: &Arc<App>) -> Reply {
         let _ = write!(
             out,
             "# Leafd\r\nsegment_storage:{}\r\nsegment_storage_ready:{}\r\nsegment_tags:{}\r\nsegment_ids_served:{}\r\n\
-             segment_loads_ok:{}\r\nsegment_loads_failed:{}\r\nsegment_request_waits:{}\r\n\r\n",
+             segment_loads_ok:{}\r\nsegment_loads_failed:{}\r\nsegment_request_waits:{}\r\n",
             app.segments.store().backend(),
             app.storage_ready() as u8,
             app.segments.tag_count(),
@@ -149,6 +149,30 @@ pub fn info(args: &[Bytes], app: &Arc<App>) -> Reply {
             seg.loads_failed.load(Ordering::Relaxed),
             seg.request_waits.load(Ordering::Relaxed),
         );
+    }
+    if show("leafd") {
+        if let Some(engine) = &app.snowflake {
+            let st = engine.stats();
+            let _ = write!(
+                out,
+                "snowflake_worker_id:{}\r\nsnowflake_ids_served:{}\r\nsnowflake_sequence_waits:{}\r\n\
+                 snowflake_clock_backward_events:{}\r\n",
+                engine.worker_id(),
+                st.ids_served.load(Ordering::Relaxed),
+                st.sequence_waits.load(Ordering::Relaxed),
+                st.clock_backward_events.load(Ordering::Relaxed),
+            );
+        }
+        if let Some(zk) = &app.zookeeper {
+            let age = crate::engine::clock::Clock::now_millis(&crate::engine::clock::SystemClock)
+                .saturating_sub(zk.last_report_ms());
+            let _ = write!(
+                out,
+                "zookeeper_connected:{}\r\nzookeeper_last_report_age_ms:{age}\r\n",
+                zk.connected() as u8
+            );
+        }
+        out.push_str("\r\n");
     }
     if show("keyspace") {
         out.push_str("# Keyspace\r\n\r\n");

@@ -49,3 +49,23 @@ impl Clock for ManualClock {
         self.now.load(Ordering::SeqCst)
     }
 }
+
+/// Another clock shifted by a fixed offset: a node whose clock is wrong, for tests and drills.
+pub struct OffsetClock {
+    inner: std::sync::Arc<dyn Clock>,
+    offset_ms: i64,
+}
+
+impl OffsetClock {
+    pub fn new(inner: std::sync::Arc<dyn Clock>, offset_ms: i64) -> OffsetClock {
+        OffsetClock { inner, offset_ms }
+    }
+}
+
+impl Clock for OffsetClock {
+    fn now_millis(&self) -> u64 {
+        self.inner
+            .now_millis()
+            .saturating_add_signed(self.offset_ms)
+    }
+}

@@ -8,6 +8,19 @@ use sqlx::Connection;
 
 use super::scenarios::unique_tag;
 
+/// The value of `var`, or `None` after printing that `test` is skipped because it is unset.
+pub fn required_env(var: &str, test: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(value) if !value.is_empty() => Some(value),
+        _ => {
+            // Written to the real stderr, not the captured test output, so a plain
+            // `cargo test` shows what it did not run.
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {var} is not set");
+            None
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub enum Backend {
     MySql,
@@ -24,19 +37,7 @@ impl Backend {
 
     /// The server URL from the environment, or `None` (after printing the skip) when unset.
     pub fn server_url(self, test: &str) -> Option<String> {
-        match std::env::var(self.env_var()) {
-            Ok(url) if !url.is_empty() => Some(url.trim_end_matches('/').to_string()),
-            _ => {
-                // Written to the real stderr, not the captured test output, so a plain
-                // `cargo test` shows what it did not run.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIPPED {test}: {} is not set",
-                    self.env_var()
-                );
-                None
-            }
-        }
+        required_env(self.env_var(), test).map(|url| url.trim_end_matches('/').to_string())
     }
 
     /// Creates an empty database for one test and returns its URL.

@@ -1,0 +1,368 @@
+//! The ZooKeeper worker-id registry against a real ZooKeeper (LEAFD_TEST_ZOOKEEPER, e.g.
+//! 127.0.0.1:2181). Each test uses its own cluster name, so tests never share ids.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::backends::required_env;
+use common::proxy::TcpProxy;
+use common::scenarios::unique_tag;
+use leafd::config::{CoordinatorKind, ZookeeperConfig};
+use leafd::coord::zookeeper::{self, ZkWorker};
+use leafd::coord::CoordError;
+use leafd::engine::clock::{Clock, OffsetClock, SystemClock};
+use leafd::engine::snowflake::{Layout, WorkerLease};
+
+const MAX_WORKER_ID: u64 = 1023;
+
+struct Cluster {
+    cfg: ZookeeperConfig,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// A fresh cluster name on the test ZooKeeper, or `None` when the variable is unset.
+    fn new(test: &str) -> Option<Cluster> {
+        let connect = required_env("LEAFD_TEST_ZOOKEEPER", test)?;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ZookeeperConfig {
+            connect,
+            cluster: unique_tag("zk"),
+            session_timeout_ms: 2000,
+            connect_timeout_ms: 2000,
+            report_interval_ms: 200,
+            reuse_after_secs: 0,
+            ..ZookeeperConfig::default()
+        };
+        Some(Cluster { cfg, _dir: dir })
+    }
+
+    /// The configuration of one node, with its own cache file.
+    fn node(&self, name: &str) -> ZookeeperConfig {
+        let mut cfg = self.cfg.clone();
+        cfg.cache_file = self
+            ._dir
+            .path()
+            .join(format!("{name}.json"))
+            .display()
+            .to_string();
+        cfg
+    }
+
+    async fn acquire(&self, endpoint: &str) -> Result<ZkWorker, CoordError> {
+        self.acquire_with(
+            &self.node(endpoint),
+            endpoint,
+            MAX_WORKER_ID,
+            Arc::new(SystemClock),
+        )
+        .await
+    }
+
+    async fn acquire_with(
+        &self,
+        cfg: &ZookeeperConfig,
+        endpoint: &str,
+        max_worker_id: u64,
+        clock: Arc<dyn Clock>,
+    ) -> Result<ZkWorker, CoordError> {
+        zookeeper::acquire(cfg, endpoint, max_worker_id, clock).await
+    }
+
+    async fn client(&self) -> zookeeper_client::Client {
+        zookeeper_client::Client::connect(&self.cfg.connect)
+            .await
+            .unwrap()
+    }
+
+    fn forever(&self) -> String {
+        format!("{}/{}/forever", self.cfg.root, self.cfg.cluster)
+    }
+}
+
+fn timestamp_of(data: &[u8]) -> u64 {
+    let value: serde_json::Value = serde_json::from_slice(data).unwrap();
+    value["timestamp"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_get_distinct_ids_and_a_restart_gets_its_old_one() {
+    let Some(cluster) = Cluster::new("three_nodes_get_distinct_ids") else {
+        return;
+    };
+    let a = cluster.acquire("10.0.0.1:6380").await.unwrap();
+    let b = cluster.acquire("10.0.0.2:6380").await.unwrap();
+    let c = cluster.acquire("10.0.0.3:6380").await.unwrap();
+    let ids: Vec<u64> = vec![a.worker_id, b.worker_id, c.worker_id];
+    assert_eq!(
+        ids,
+        vec![0, 1, 2],
+        "sequential nodes number 0, 1, 2 in a fresh cluster"
+    );
+    let b_id = b.worker_id;
+    b.close().await;
+    let b_again = cluster.acquire("10.0.0.2:6380").await.unwrap();
+    assert_eq!(b_again.worker_id, b_id, "a restarted node keeps its id");
+    let children = cluster
+        .client()
+        .await
+        .list_children(&cluster.forever())
+        .await
+        .unwrap();
+    assert_eq!(children.len(), 3, "no new node for a restart: {children:?}");
+    for worker in [a, b_again, c] {
+        worker.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_starts_from_its_cache_while_zookeeper_is_down_and_reconnects() {
+    let Some(cluster) = Cluster::new("starts_from_cache") else {
+        return;
+    };
+    let endpoint = "10.0.1.1:6380";
+    let first = cluster.acquire(endpoint).await.unwrap();
+    let id = first.worker_id;
+    first.close().await;
+
+    // ZooKeeper unreachable: a proxy that refuses everything stands where it was.
+    let proxy = TcpProxy::start(cluster.cfg.connect.clone(), false).await;
+    let mut cfg = cluster.node(endpoint);
+    cfg.connect = proxy.addr.to_string();
+    let cached = cluster
+        .acquire_with(&cfg, endpoint, MAX_WORKER_ID, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    assert_eq!(cached.worker_id, id, "the cached id is used");
+    assert!(!cached.shared.connected());
+
+    // A node without a cache cannot start while ZooKeeper is down.
+    let mut stranger = cluster.node("stranger");
+    stranger.connect = proxy.addr.to_string();
+    let err = cluster
+        .acquire_with(
+            &stranger,
+            "10.0.1.2:6380",
+            MAX_WORKER_ID,
+            Arc::new(SystemClock),
+        )
+        .await;
+    assert!(
+        matches!(err, Err(CoordError::Unreachable(_))),
+        "{:?}",
+        err.err()
+    );
+
+    proxy.restore();
+    for _ in 0..100 {
+        if cached.shared.connected() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        cached.shared.connected(),
+        "reconnects once ZooKeeper is back"
+    );
+    cached.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_behind_the_last_report_refuses_to_start() {
+    let Some(cluster) = Cluster::new("clock_behind_last_report") else {
+        return;
+    };
+    let endpoint = "10.0.2.1:6380";
+    let worker = cluster.acquire(endpoint).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await; // at least one report
+    worker.close().await;
+    let behind = Arc::new(OffsetClock::new(Arc::new(SystemClock), -60_000));
+    let err = cluster
+        .acquire_with(&cluster.node(endpoint), endpoint, MAX_WORKER_ID, behind)
+        .await
+        .err()
+        .expect("must refuse");
+    match err {
+        CoordError::ClockBehindLastReport(ms) => assert!((59_000..=61_000).contains(&ms), "{ms}"),
+        other => panic!("{other}"),
+    }
+    // The local cache enforces the same rule when ZooKeeper is down.
+    let mut offline = cluster.node(endpoint);
+    offline.connect = "127.0.0.1:1".into();
+    let behind = Arc::new(OffsetClock::new(Arc::new(SystemClock), -60_000));
+    let err = cluster
+        .acquire_with(&offline, endpoint, MAX_WORKER_ID, behind)
+        .await;
+    assert!(
+        matches!(err, Err(CoordError::ClockBehindLastReport(_))),
+        "{:?}",
+        err.err()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_far_from_the_other_nodes_refuses_to_start() {
+    let Some(cluster) = Cluster::new("clock_skew") else {
+        return;
+    };
+    let a = cluster.acquire("10.0.3.1:6380").await.unwrap();
+    let b = cluster.acquire("10.0.3.2:6380").await.unwrap();
+    let ahead = Arc::new(OffsetClock::new(Arc::new(SystemClock), 30_000));
+    let err = cluster
+        .acquire_with(&cluster.node("c"), "10.0.3.3:6380", MAX_WORKER_ID, ahead)
+        .await
+        .err()
+        .expect("must refuse");
+    match err {
+        CoordError::ClockSkew { skew, max } => {
+            assert!((29_000..=31_000).contains(&skew), "{skew}");
+            assert_eq!(max, 5000);
+        }
+        other => panic!("{other}"),
+    }
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_periodic_report_updates_the_node() {
+    let Some(cluster) = Cluster::new("periodic_report") else {
+        return;
+    };
+    let worker = cluster.acquire("10.0.4.1:6380").await.unwrap();
+    let client = cluster.client().await;
+    let path = format!(
+        "{}/10.0.4.1:6380-{:010}",
+        cluster.forever(),
+        worker.worker_id
+    );
+    let (first, _) = client.get_data(&path).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (second, stat) = client.get_data(&path).await.unwrap();
+    assert!(timestamp_of(&second) > timestamp_of(&first));
+    assert!(
+        stat.version >= 2,
+        "several reports: version {}",
+        stat.version
+    );
+    assert!(worker.shared.last_report_ms() + 1000 > SystemClock.now_millis());
+    worker.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_nodes_ids_are_reused_only_after_the_grace_period() {
+    let Some(cluster) = Cluster::new("reuse_after_grace") else {
+        return;
+    };
+    // Two ids only (0 and 1), and a 2-second grace period.
+    let mut cfg = cluster.node("x");
+    cfg.reuse_after_secs = 2;
+    let acquire = |endpoint: &'static str| {
+        let mut cfg = cfg.clone();
+        cfg.cache_file = format!("{}.{endpoint}", cfg.cache_file);
+        let cluster = &cluster;
+        async move {
+            cluster
+                .acquire_with(&cfg, endpoint, 1, Arc::new(SystemClock))
+                .await
+        }
+    };
+    let live = acquire("10.0.5.1:6380").await.unwrap();
+    let dead = acquire("10.0.5.2:6380").await.unwrap();
+    assert_eq!((live.worker_id, dead.worker_id), (0, 1));
+    dead.close().await;
+
+    let err = acquire("10.0.5.3:6380")
+        .await
+        .err()
+        .expect("no free id before the grace period");
+    assert!(matches!(err, CoordError::NoFreeWorkerId(_)), "{err}");
+
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let newcomer = acquire("10.0.5.3:6380").await.unwrap();
+    assert_eq!(
+        newcomer.worker_id, 1,
+        "the dead node's id, never the live node's"
+    );
+    let children: HashSet<String> = cluster
+        .client()
+        .await
+        .list_children(&cluster.forever())
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert!(
+        children.contains("10.0.5.3:6380-0000000001"),
+        "{children:?}"
+    );
+    assert!(
+        !children.iter().any(|c| c.starts_with("10.0.5.2:6380")),
+        "{children:?}"
+    );
+
+    // The node whose id was reused comes back: it gets no id rather than a shared one.
+    let err = acquire("10.0.5.2:6380")
+        .await
+        .err()
+        .expect("both ids are live");
+    assert!(matches!(err, CoordError::NoFreeWorkerId(_)), "{err}");
+    live.close().await;
+    newcomer.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_stops_ids_only_after_half_the_grace_period_without_reports() {
+    let Some(cluster) = Cluster::new("lease") else {
+        return;
+    };
+    let proxy = TcpProxy::start(cluster.cfg.connect.clone(), true).await;
+    let mut cfg = cluster.node("lease");
+    cfg.connect = proxy.addr.to_string();
+    cfg.reuse_after_secs = 2;
+    let worker = cluster
+        .acquire_with(&cfg, "10.0.6.1:6380", MAX_WORKER_ID, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    proxy.cut();
+    // ZooKeeper being unreachable does not stop ID service at once...
+    assert_eq!(worker.shared.check(SystemClock.now_millis()), Ok(()));
+    // ...but once half the grace period passed without a report, the id may go to another
+    // node, so this one must stop.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let refused = worker.shared.check(SystemClock.now_millis()).unwrap_err();
+    assert!(refused.contains("no ZooKeeper time report"), "{refused}");
+    worker.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snowflake_over_resp_uses_the_zookeeper_worker_id() {
+    let Some(cluster) = Cluster::new("snowflake_over_resp") else {
+        return;
+    };
+    // Take id 0 first, so the server's id is 1 and cannot be mistaken for the default.
+    let other = cluster.acquire("10.0.7.1:6380").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::sqlite_config(&dir);
+    config.snowflake.coordinator = CoordinatorKind::Zookeeper;
+    config.snowflake.zookeeper = cluster.node("server");
+    config.snowflake.zookeeper.advertise = Some("10.0.7.2:6380".into());
+    let server = common::TestServer::start(config).await;
+    let mut con = server.client().await;
+    let id: i64 = redis::cmd("SNOWFLAKE").query_async(&mut con).await.unwrap();
+    let fields = Layout::default().decode(id).unwrap();
+    assert_eq!(fields.worker_id, 1);
+    assert!(SystemClock.now_millis().abs_diff(fields.timestamp_ms) < 1000);
+    let info: String = redis::cmd("INFO")
+        .arg("leafd")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(info.contains("snowflake_worker_id:1\r\n"), "{info}");
+    assert!(info.contains("zookeeper_connected:1\r\n"), "{info}");
+    server.stop().await;
+    other.close().await;
+}
