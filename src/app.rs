@@ -13,6 +13,7 @@ use crate::coord::CoordError;
 use crate::engine::clock::{Clock, SystemClock};
 use crate::engine::segment::{SegmentEngine, SegmentError, SegmentSettings};
 use crate::engine::snowflake::{SnowflakeEngine, WorkerLease};
+use crate::metrics::Metrics;
 use crate::storage::{self, DeferredStore, SegmentStore, StoreError};
 
 /// Why the application could not start.
@@ -40,6 +41,7 @@ pub struct ServerStats {
 pub struct App {
     pub config: Config,
     pub segments: Arc<SegmentEngine>,
+    pub metrics: Arc<Metrics>,
     /// `None` when `snowflake.enabled = false`.
     pub snowflake: Option<Arc<SnowflakeEngine>>,
     /// The ZooKeeper registration's state, when the worker id comes from ZooKeeper.
@@ -105,7 +107,13 @@ impl App {
         clock: Arc<dyn Clock>,
         (snowflake, zk_worker): (Option<Arc<SnowflakeEngine>>, Option<ZkWorker>),
     ) -> Arc<App> {
-        let segments = SegmentEngine::new(store, SegmentSettings::from(&config.segment), clock);
+        let metrics = Arc::new(Metrics::new(&crate::cmd::table::names()));
+        let segments = SegmentEngine::new(
+            store,
+            SegmentSettings::from(&config.segment),
+            clock,
+            metrics.clone(),
+        );
         let background = CancellationToken::new();
         segments.spawn_refresher(
             Duration::from_secs(config.segment.refresh_interval_secs),
@@ -114,6 +122,7 @@ impl App {
         Arc::new(App {
             config,
             segments,
+            metrics,
             snowflake,
             zookeeper: zk_worker.as_ref().map(|w| w.shared.clone()),
             zk_worker: tokio::sync::Mutex::new(zk_worker),
@@ -184,6 +193,62 @@ impl App {
                 }
             }
         });
+    }
+
+    /// The Prometheus exposition: engine and connection state is copied into gauges and
+    /// counters here, at scrape time, so the request path never touches the registry.
+    pub fn render_metrics(&self) -> String {
+        use crate::metrics::*;
+        let m = &self.metrics;
+        let stats = &self.stats;
+        m.gauge(CONNECTIONS_OPEN, &[])
+            .set(stats.connected_clients.load(Ordering::Relaxed) as f64);
+        m.counter(CONNECTIONS_TOTAL, &[])
+            .absolute(stats.total_connections.load(Ordering::Relaxed));
+        m.counter(CONNECTIONS_REJECTED_TOTAL, &[])
+            .absolute(stats.rejected_connections.load(Ordering::Relaxed));
+        m.gauge(STORAGE_READY, &[])
+            .set(self.storage_ready() as u8 as f64);
+        m.counter(SEGMENT_REQUEST_WAITS_TOTAL, &[])
+            .absolute(self.segments.stats().request_waits.load(Ordering::Relaxed));
+        for t in self.segments.snapshot() {
+            let tag = t.tag.as_str();
+            m.counter(SEGMENT_IDS_TOTAL, &[("tag", tag)])
+                .absolute(t.served);
+            m.counter(SEGMENT_LOADS_TOTAL, &[("tag", tag), ("result", "ok")])
+                .absolute(t.loads_ok);
+            m.counter(SEGMENT_LOADS_TOTAL, &[("tag", tag), ("result", "error")])
+                .absolute(t.loads_failed);
+            m.gauge(SEGMENT_STEP, &[("tag", tag)]).set(t.step as f64);
+            for (buffer, segment) in [("current", t.current), ("next", t.next)] {
+                let remaining = segment.map_or(0, |s| s.remaining().max(0));
+                m.gauge(SEGMENT_REMAINING_IDS, &[("tag", tag), ("buffer", buffer)])
+                    .set(remaining as f64);
+            }
+            // The next segment is loaded once the current one has no more than this left.
+            let threshold = t.current.map_or(0, |s| s.step * 9 / 10);
+            m.gauge(SEGMENT_PRELOAD_THRESHOLD_IDS, &[("tag", tag)])
+                .set(threshold as f64);
+        }
+        if let Some(engine) = &self.snowflake {
+            let st = engine.stats();
+            m.counter(SNOWFLAKE_IDS_TOTAL, &[])
+                .absolute(engine.ids_served());
+            m.counter(SNOWFLAKE_SEQUENCE_WAITS_TOTAL, &[])
+                .absolute(st.sequence_waits.load(Ordering::Relaxed));
+            m.counter(SNOWFLAKE_CLOCK_BACKWARD_TOTAL, &[])
+                .absolute(st.clock_backward_events.load(Ordering::Relaxed));
+            m.gauge(SNOWFLAKE_WORKER_ID, &[])
+                .set(engine.worker_id() as f64);
+        }
+        if let Some(zk) = &self.zookeeper {
+            m.gauge(ZOOKEEPER_CONNECTED, &[])
+                .set(zk.connected() as u8 as f64);
+            let now = crate::engine::clock::Clock::now_millis(&SystemClock);
+            m.gauge(ZOOKEEPER_LAST_REPORT_AGE_SECONDS, &[])
+                .set(now.saturating_sub(zk.last_report_ms()) as f64 / 1000.0);
+        }
+        m.render()
     }
 
     /// True once the database answered and the tag list was loaded.

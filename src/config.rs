@@ -17,6 +17,24 @@ pub struct Config {
     pub storage: StorageConfig,
     pub segment: SegmentConfig,
     pub snowflake: SnowflakeConfig,
+    pub http: HttpConfig,
+}
+
+/// The HTTP listener: `/metrics`, `/health`, `/ready` and Leaf's HTTP API.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    pub enabled: bool,
+    pub bind: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            bind: "127.0.0.1:9380".into(),
+        }
+    }
 }
 
 /// The RESP listener and its per-client limits.
@@ -361,6 +379,12 @@ impl Config {
             return invalid(format!(
                 "server.bind '{}' is not an ip:port address",
                 self.server.bind
+            ));
+        }
+        if self.http.enabled && self.http.bind.parse::<SocketAddr>().is_err() {
+            return invalid(format!(
+                "http.bind '{}' is not an ip:port address",
+                self.http.bind
             ));
         }
         if self.server.max_clients == 0 {

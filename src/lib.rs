@@ -14,6 +14,8 @@ pub mod cmd;
 pub mod config;
 pub mod coord;
 pub mod engine;
+pub mod http;
+pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod storage;

@@ -20,6 +20,9 @@ struct Cli {
     /// RESP listen address (server.bind), e.g. 127.0.0.1:6380.
     #[arg(long, env = "LEAFD_BIND")]
     bind: Option<String>,
+    /// HTTP listen address for /metrics and the Leaf HTTP API (http.bind).
+    #[arg(long, env = "LEAFD_HTTP_BIND")]
+    http_bind: Option<String>,
     /// Storage URL (storage.url): sqlite://path, mysql://…, postgres://….
     #[arg(long, env = "LEAFD_STORAGE_URL")]
     storage_url: Option<String>,
@@ -54,6 +57,9 @@ impl Cli {
         };
         if let Some(v) = &self.bind {
             config.server.bind = v.clone();
+        }
+        if let Some(v) = &self.http_bind {
+            config.http.bind = v.clone();
         }
         if let Some(v) = &self.storage_url {
             config.storage.url = v.clone();
@@ -136,19 +142,57 @@ async fn main() -> anyhow::Result<()> {
     let listener = TcpListener::bind(&config.server.bind)
         .await
         .with_context(|| format!("cannot listen on {}", config.server.bind))?;
+    let http_listener = if config.http.enabled {
+        Some(
+            TcpListener::bind(&config.http.bind)
+                .await
+                .with_context(|| format!("cannot listen on {}", config.http.bind))?,
+        )
+    } else {
+        None
+    };
     let storage_url = config.storage.redacted_url();
     let app = match App::open(config).await {
         Ok(app) => app,
         Err(e) => exit_with("cannot start leafd", &e),
     };
+    let http_addr = http_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map_or("off".to_string(), |a| a.to_string());
     tracing::info!(
         resp = %listener.local_addr()?,
+        http = %http_addr,
         storage = %storage_url,
         backend = app.segments.store().backend(),
         tags = app.segments.tag_count(),
+        snowflake_worker_id = ?app.snowflake.as_ref().map(|s| s.worker_id()),
+        coordinator = ?app.config.snowflake.coordinator,
         "leafd listening"
     );
-    leafd::server::run(listener, app.clone(), shutdown_signal()).await?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let http = http_listener.map(|l| {
+        let stop = stop.clone();
+        tokio::spawn(leafd::http::run(l, app.clone(), async move {
+            stop.cancelled().await
+        }))
+    });
+    let resp = {
+        let stop = stop.clone();
+        leafd::server::run(listener, app.clone(), async move { stop.cancelled().await })
+    };
+    tokio::pin!(resp);
+    tokio::select! {
+        result = &mut resp => result?,
+        _ = shutdown_signal() => {
+            stop.cancel();
+            resp.await?;
+        }
+    }
+    stop.cancel();
+    if let Some(http) = http {
+        let _ = http.await;
+    }
     tracing::info!("shutting down: connections drained, closing storage");
     app.close().await;
     Ok(())

@@ -48,14 +48,30 @@ impl Session {
     }
 }
 
-/// Runs one command and returns its reply. Never fails: every problem is an error reply.
+/// Runs one command, records its metrics and returns its reply. Never fails: every problem is
+/// an error reply.
 pub async fn execute(app: &Arc<App>, session: &mut Session, args: Vec<Bytes>) -> Reply {
-    let Some(name) = args.first() else {
-        return Reply::error("ERR empty command");
+    let started = Instant::now();
+    let Some((index, spec)) = args.first().and_then(|name| table::lookup_indexed(name)) else {
+        let reply = unknown_command(&args);
+        app.metrics
+            .command(usize::MAX)
+            .record(true, started.elapsed());
+        return reply;
     };
-    let Some(spec) = table::lookup(name) else {
-        return unknown_command(&args);
-    };
+    let reply = run(spec, app, session, &args).await;
+    app.metrics
+        .command(index)
+        .record(reply.is_error(), started.elapsed());
+    reply
+}
+
+async fn run(
+    spec: &'static table::CommandSpec,
+    app: &Arc<App>,
+    session: &mut Session,
+    args: &[Bytes],
+) -> Reply {
     if !spec.arity_ok(args.len()) {
         return wrong_arity(spec.name);
     }
@@ -66,35 +82,35 @@ pub async fn execute(app: &Arc<App>, session: &mut Session, args: Vec<Bytes>) ->
         "incr" if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
             snowflake::next(app).await
         }
-        "incr" => match segment::Incr::parse(&args) {
+        "incr" => match segment::Incr::parse(args) {
             Ok(cmd) => cmd.apply(app).await,
             Err(reply) => reply,
         },
-        "incrby" => match segment::IncrBy::parse(&args, app) {
+        "incrby" => match segment::IncrBy::parse(args, app) {
             Ok(cmd) => cmd.apply(app).await,
             Err(reply) => reply,
         },
-        "snowflake" => snowflake::snowflake(&args, app).await,
-        "get" => snowflake::get(&args, app).await,
-        "leaf.decode" => snowflake::decode(&args, app),
-        "ping" => connection::ping(&args, session),
+        "snowflake" => snowflake::snowflake(args, app).await,
+        "get" => snowflake::get(args, app).await,
+        "leaf.decode" => snowflake::decode(args, app),
+        "ping" => connection::ping(args, session),
         "echo" => Reply::Bulk(args[1].clone()),
-        "hello" => connection::hello(&args, app, session),
-        "auth" => connection::auth(&args, app, session),
-        "client" => connection::client(&args, session),
-        "select" => connection::select(&args),
+        "hello" => connection::hello(args, app, session),
+        "auth" => connection::auth(args, app, session),
+        "client" => connection::client(args, session),
+        "select" => connection::select(args),
         "quit" => {
             session.closing = true;
             Reply::ok()
         }
         "reset" => connection::reset(app, session),
-        "command" => server::command(&args),
-        "info" => server::info(&args, app),
+        "command" => server::command(args),
+        "info" => server::info(args, app),
         "time" => server::time(),
-        "config" => server::config(&args, app),
+        "config" => server::config(args, app),
         "leaf.tags" => admin::tags(app),
-        "leaf.tag" => admin::tag(&args, app).await,
-        _ => unknown_command(&args),
+        "leaf.tag" => admin::tag(args, app).await,
+        _ => unknown_command(args),
     }
 }
 

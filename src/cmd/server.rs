@@ -144,7 +144,7 @@ pub fn info(args: &[Bytes], app: &Arc<App>) -> Reply {
             app.segments.store().backend(),
             app.storage_ready() as u8,
             app.segments.tag_count(),
-            seg.ids_served.load(Ordering::Relaxed),
+            app.segments.snapshot().iter().map(|t| t.served).sum::<u64>(),
             seg.loads_ok.load(Ordering::Relaxed),
             seg.loads_failed.load(Ordering::Relaxed),
             seg.request_waits.load(Ordering::Relaxed),
@@ -158,7 +158,7 @@ pub fn info(args: &[Bytes], app: &Arc<App>) -> Reply {
                 "snowflake_worker_id:{}\r\nsnowflake_ids_served:{}\r\nsnowflake_sequence_waits:{}\r\n\
                  snowflake_clock_backward_events:{}\r\n",
                 engine.worker_id(),
-                st.ids_served.load(Ordering::Relaxed),
+                engine.ids_served(),
                 st.sequence_waits.load(Ordering::Relaxed),
                 st.clock_backward_events.load(Ordering::Relaxed),
             );

@@ -83,7 +83,18 @@ pub const COMMANDS: &[CommandSpec] = &[
 
 /// Finds a command by name, ignoring ASCII case.
 pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
+    lookup_indexed(name).map(|(_, spec)| spec)
+}
+
+/// Finds a command and its position in [`COMMANDS`] (the index of its metrics).
+pub fn lookup_indexed(name: &[u8]) -> Option<(usize, &'static CommandSpec)> {
     COMMANDS
         .iter()
-        .find(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name))
+        .enumerate()
+        .find(|(_, spec)| spec.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// Every command name, in table order.
+pub fn names() -> Vec<&'static str> {
+    COMMANDS.iter().map(|spec| spec.name).collect()
 }

@@ -23,9 +23,12 @@ use tokio::task::JoinHandle;
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    pub http_addr: SocketAddr,
     pub app: Arc<App>,
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<std::io::Result<()>>>,
+    http_stop: tokio_util::sync::CancellationToken,
+    http_handle: Option<JoinHandle<std::io::Result<()>>>,
 }
 
 impl TestServer {
@@ -50,12 +53,27 @@ impl TestServer {
         let handle = tokio::spawn(leafd::server::run(listener, app.clone(), async {
             let _ = rx.await;
         }));
+        let http_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http_addr = http_listener.local_addr().unwrap();
+        let http_stop = tokio_util::sync::CancellationToken::new();
+        let stop = http_stop.clone();
+        let http_handle = tokio::spawn(leafd::http::run(http_listener, app.clone(), async move {
+            stop.cancelled().await
+        }));
         TestServer {
             addr,
+            http_addr,
             app,
             shutdown: Some(tx),
             handle: Some(handle),
+            http_stop,
+            http_handle: Some(http_handle),
         }
+    }
+
+    /// `http://127.0.0.1:<port><path>` of this server's HTTP listener.
+    pub fn http_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http_addr)
     }
 
     pub fn url(&self) -> String {
@@ -87,6 +105,10 @@ impl TestServer {
                 .expect("server stops within 10 s")
                 .unwrap()
                 .unwrap();
+        }
+        self.http_stop.cancel();
+        if let Some(handle) = self.http_handle.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), handle).await;
         }
         self.app.close().await;
     }

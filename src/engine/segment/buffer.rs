@@ -72,6 +72,10 @@ pub struct BufferState {
     pub failure: Option<LoadFailure>,
     pub retry_at_ms: u64,
     pub backoff_ms: u64,
+    /// IDs handed out of this tag by this node (counted under the lock, so free).
+    pub served: u64,
+    pub loads_ok: u64,
+    pub loads_failed: u64,
 }
 
 /// Shortest and longest pause between failed loads of one tag.
@@ -83,14 +87,15 @@ impl BufferState {
     /// current one cannot supply all `n` (its remainder is then skipped: IDs are unique and
     /// increasing, not gap-free). Returns the last ID of the block.
     pub fn take(&mut self, n: i64) -> Option<i64> {
-        if let Some(last) = self.current.as_mut().and_then(|s| s.take(n)) {
-            return Some(last);
-        }
-        if self.next.is_some_and(|s| s.remaining() >= n) {
+        let mut last = self.current.as_mut().and_then(|s| s.take(n));
+        if last.is_none() && self.next.is_some_and(|s| s.remaining() >= n) {
             self.current = self.next.take();
-            return self.current.as_mut().and_then(|s| s.take(n));
+            last = self.current.as_mut().and_then(|s| s.take(n));
         }
-        None
+        if last.is_some() {
+            self.served += n as u64;
+        }
+        last
     }
 
     /// True when a background load of the next segment should start now: 10% or more of the
@@ -118,6 +123,7 @@ impl BufferState {
         self.table_step = table_step;
         self.max_id = segment.max;
         self.last_load_ms = Some(now_ms);
+        self.loads_ok += 1;
         self.failure = None;
         self.backoff_ms = 0;
         self.retry_at_ms = 0;
@@ -127,6 +133,7 @@ impl BufferState {
     pub fn record_failure(&mut self, failure: LoadFailure, now_ms: u64) {
         self.backoff_ms = (self.backoff_ms * 2).clamp(MIN_BACKOFF_MS, MAX_BACKOFF_MS);
         self.retry_at_ms = now_ms + self.backoff_ms;
+        self.loads_failed += 1;
         self.failure = Some(failure);
     }
 }

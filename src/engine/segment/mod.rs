@@ -17,6 +17,7 @@ pub use buffer::{BufferState, LoadFailure, Segment};
 
 use crate::config::{validate_tag_name, SegmentConfig, MAX_TAG_START};
 use crate::engine::clock::Clock;
+use crate::metrics::{Metrics, SEGMENT_LOAD_DURATION_SECONDS};
 use crate::storage::{SegmentStore, StoreError};
 
 /// Tuning of the engine, taken from [`SegmentConfig`].
@@ -100,6 +101,10 @@ pub struct TagSnapshot {
     pub next: Option<Segment>,
     pub loading: bool,
     pub last_error: Option<String>,
+    /// IDs this node handed out of the tag.
+    pub served: u64,
+    pub loads_ok: u64,
+    pub loads_failed: u64,
 }
 
 /// Counters of the engine's activity.
@@ -109,8 +114,6 @@ pub struct SegmentStats {
     pub loads_failed: AtomicU64,
     /// Requests that had to wait for a load because both buffers were empty.
     pub request_waits: AtomicU64,
-    /// IDs handed out, all tags.
-    pub ids_served: AtomicU64,
 }
 
 /// What a request does after looking at its tag's buffers under the lock.
@@ -144,6 +147,7 @@ pub struct SegmentEngine {
     settings: SegmentSettings,
     clock: Arc<dyn Clock>,
     stats: SegmentStats,
+    metrics: Arc<Metrics>,
 }
 
 impl SegmentEngine {
@@ -151,6 +155,7 @@ impl SegmentEngine {
         store: Arc<dyn SegmentStore>,
         settings: SegmentSettings,
         clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
     ) -> Arc<SegmentEngine> {
         Arc::new(SegmentEngine {
             store,
@@ -159,6 +164,7 @@ impl SegmentEngine {
             settings,
             clock,
             stats: SegmentStats::default(),
+            metrics,
         })
     }
 
@@ -224,7 +230,6 @@ impl SegmentEngine {
                     if preload {
                         self.spawn_load(buffer.clone());
                     }
-                    self.stats.ids_served.fetch_add(n as u64, Ordering::Relaxed);
                     return Ok(last);
                 }
                 Step::Block => return self.allocate_block(&buffer, n).await,
@@ -276,7 +281,7 @@ impl SegmentEngine {
         .await;
         match result {
             Ok(Ok(alloc)) => {
-                self.stats.ids_served.fetch_add(n as u64, Ordering::Relaxed);
+                buffer.lock().served += n as u64;
                 Ok(alloc.max_id)
             }
             Ok(Err(StoreError::UnknownTag(t))) => {
@@ -316,6 +321,7 @@ impl SegmentEngine {
         };
         // Background loads may outlast a request's patience, but never hang for ever.
         let limit = (self.settings.load_timeout * 5).max(Duration::from_secs(5));
+        let started = std::time::Instant::now();
         let result =
             match tokio::time::timeout(limit, self.store.allocate(&buffer.name, requested_step))
                 .await
@@ -326,6 +332,9 @@ impl SegmentEngine {
                 )),
             };
         let now = self.clock.now_millis();
+        self.metrics
+            .histogram(SEGMENT_LOAD_DURATION_SECONDS, &[("tag", &buffer.name)])
+            .record(started.elapsed().as_secs_f64());
         {
             let mut st = buffer.lock();
             match result {
@@ -485,6 +494,9 @@ impl SegmentEngine {
                     current: st.current,
                     next: st.next,
                     loading: st.loading,
+                    served: st.served,
+                    loads_ok: st.loads_ok,
+                    loads_failed: st.loads_failed,
                     last_error: st.failure.as_ref().map(|f| match f {
                         LoadFailure::UnknownTag => "unknown tag".to_string(),
                         LoadFailure::Unavailable(reason) => reason.to_string(),
@@ -534,7 +546,12 @@ mod tests {
             max_step,
             load_timeout: Duration::from_secs(1),
         };
-        SegmentEngine::new(Arc::new(MemoryStore::new()), settings, clock)
+        SegmentEngine::new(
+            Arc::new(MemoryStore::new()),
+            settings,
+            clock,
+            Arc::new(Metrics::disabled(0)),
+        )
     }
 
     /// Takes IDs until the tag's current step changed from `before`, and returns the new step.

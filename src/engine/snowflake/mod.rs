@@ -27,7 +27,6 @@ pub enum SnowflakeError {
 /// Counters of the engine's activity.
 #[derive(Debug, Default)]
 pub struct SnowflakeStats {
-    pub ids_served: AtomicU64,
     /// Times a millisecond's sequence ran out and the engine waited for the next millisecond.
     pub sequence_waits: AtomicU64,
     /// Times the clock was seen behind the last timestamp used.
@@ -38,6 +37,8 @@ pub struct SnowflakeStats {
 struct State {
     last_ms: u64,
     sequence: u64,
+    /// IDs issued (counted under the lock, so free).
+    served: u64,
 }
 
 /// What a single attempt under the lock decided.
@@ -101,6 +102,11 @@ impl SnowflakeEngine {
         &self.stats
     }
 
+    /// IDs issued so far.
+    pub fn ids_served(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).served
+    }
+
     /// The last millisecond an ID was issued in (0 before the first).
     pub fn last_timestamp_ms(&self) -> u64 {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).last_ms
@@ -153,8 +159,7 @@ impl SnowflakeEngine {
             .collect();
         st.last_ms = now;
         st.sequence = first_sequence + count - 1;
-        drop(st);
-        self.stats.ids_served.fetch_add(count, Ordering::Relaxed);
+        st.served += count;
         Ok(Attempt::Ids(ids))
     }
 

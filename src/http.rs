@@ -1,0 +1,206 @@
+//! HTTP: Prometheus `/metrics`, `/health`, `/ready`, and Leaf's HTTP API
+//! (`/api/segment/get/{tag}`, `/api/snowflake/get/{key}`, `/decode/{id}`, `/cache`).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::extract::{Path, State};
+use axum::http::header::{ACCEPT, CONTENT_TYPE};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use crate::app::App;
+use crate::engine::segment::{Segment, SegmentError};
+use crate::engine::snowflake::SnowflakeError;
+
+/// Serves HTTP on `listener` until `shutdown` completes.
+pub async fn run(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/ready", get(ready))
+        .route("/api/segment/get/{tag}", get(segment_id))
+        .route("/api/snowflake/get/{key}", get(snowflake_id))
+        .route("/decode/{id}", get(decode))
+        .route("/cache", get(cache))
+        .with_state(app)
+}
+
+fn text(status: StatusCode, body: String) -> Response {
+    (status, [(CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        app.render_metrics(),
+    )
+        .into_response()
+}
+
+/// 200 once the database answered and the tag list is loaded; 503 with the reason before.
+async fn ready(State(app): State<Arc<App>>) -> Response {
+    if app.storage_ready() {
+        text(StatusCode::OK, "ready\n".into())
+    } else {
+        text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: segment storage not connected\n".into(),
+        )
+    }
+}
+
+fn segment_status(err: &SegmentError) -> StatusCode {
+    match err {
+        SegmentError::UnknownTag(_) => StatusCode::NOT_FOUND,
+        SegmentError::Unavailable { .. } | SegmentError::Storage(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        SegmentError::TagExists(_) | SegmentError::Invalid(_) => StatusCode::BAD_REQUEST,
+    }
+}
+
+/// Leaf's `GET /api/segment/get/{tag}`: the next ID as plain text.
+async fn segment_id(State(app): State<Arc<App>>, Path(tag): Path<String>) -> Response {
+    match app.segments.next_ids(&tag, 1).await {
+        Ok(id) => text(StatusCode::OK, id.to_string()),
+        Err(e) => text(segment_status(&e), format!("{e}\n")),
+    }
+}
+
+/// Leaf's `GET /api/snowflake/get/{key}` (the key is ignored, as in Leaf).
+async fn snowflake_id(State(app): State<Arc<App>>, Path(_key): Path<String>) -> Response {
+    let Some(engine) = &app.snowflake else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "snowflake is disabled on this server\n".into(),
+        );
+    };
+    match engine.next_id().await {
+        Ok(id) => text(StatusCode::OK, id.to_string()),
+        Err(e @ (SnowflakeError::ClockBack(_) | SnowflakeError::Unavailable(_))) => {
+            text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"))
+        }
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    }
+}
+
+/// `GET /decode/{id}`: the fields of a snowflake ID as JSON.
+async fn decode(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    let layout = app.config.snowflake.layout();
+    let Some(fields) = id.parse::<i64>().ok().and_then(|id| layout.decode(id)) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("'{id}' is not a snowflake ID (a positive 64-bit integer)\n"),
+        );
+    };
+    let time =
+        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(fields.timestamp_ms));
+    Json(json!({
+        "id": id.parse::<i64>().unwrap_or_default(),
+        "timestamp_ms": fields.timestamp_ms,
+        "time": time.to_string(),
+        "worker_id": fields.worker_id,
+        "sequence": fields.sequence,
+    }))
+    .into_response()
+}
+
+fn segment_json(segment: Option<Segment>) -> serde_json::Value {
+    match segment {
+        None => serde_json::Value::Null,
+        Some(s) => json!({
+            "start": s.max - s.step + 1,
+            "end": s.max,
+            "next": s.next,
+            "remaining": s.remaining().max(0),
+            "step": s.step,
+        }),
+    }
+}
+
+fn segment_html(segment: Option<Segment>) -> String {
+    match segment {
+        None => "—".into(),
+        Some(s) => format!(
+            "{}…{} (next {}, {} left)",
+            s.max - s.step + 1,
+            s.max,
+            s.next,
+            s.remaining().max(0)
+        ),
+    }
+}
+
+fn escape_html(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Leaf's monitor page: every tag's buffers, as HTML or (with `Accept: application/json`) JSON.
+async fn cache(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let tags = app.segments.snapshot();
+    let wants_json = headers
+        .get(ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/json"));
+    if wants_json {
+        let tags: Vec<_> = tags
+            .iter()
+            .map(|t| {
+                json!({
+                    "tag": t.tag,
+                    "step": t.step,
+                    "table_step": t.table_step,
+                    "max_id": t.max_id,
+                    "current": segment_json(t.current),
+                    "next": segment_json(t.next),
+                    "loading": t.loading,
+                    "served": t.served,
+                    "last_error": t.last_error,
+                })
+            })
+            .collect();
+        return Json(json!({ "tags": tags })).into_response();
+    }
+    let rows: String = tags
+        .iter()
+        .map(|t| {
+            format!(
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+                escape_html(&t.tag),
+                t.step,
+                t.table_step,
+                t.max_id,
+                segment_html(t.current),
+                segment_html(t.next),
+                t.served,
+                escape_html(t.last_error.as_deref().unwrap_or("")),
+            )
+        })
+        .collect();
+    Html(format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>leafd cache</title></head><body>\n\
+         <h1>leafd segment buffers</h1>\n<table border=\"1\" cellpadding=\"4\">\n\
+         <tr><th>tag</th><th>step</th><th>table step</th><th>max_id</th><th>current</th><th>next</th><th>served</th><th>last error</th></tr>\n\
+         {rows}</table></body></html>\n"
+    ))
+    .into_response()
+}
