@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Recorder, SharedString};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 pub const COMMANDS_TOTAL: &str = "leafd_commands_total";
@@ -25,6 +25,77 @@ pub const SNOWFLAKE_CLOCK_BACKWARD_TOTAL: &str = "leafd_snowflake_clock_backward
 pub const SNOWFLAKE_WORKER_ID: &str = "leafd_snowflake_worker_id";
 pub const ZOOKEEPER_CONNECTED: &str = "leafd_zookeeper_connected";
 pub const ZOOKEEPER_LAST_REPORT_AGE_SECONDS: &str = "leafd_zookeeper_last_report_age_seconds";
+
+/// The help text of every metric, shown as `# HELP` on `/metrics`.
+const DESCRIPTIONS: &[(&str, &str)] = &[
+    (
+        COMMANDS_TOTAL,
+        "Commands executed, by command name and result (ok or error).",
+    ),
+    (
+        COMMAND_DURATION_SECONDS,
+        "Time to execute a command, from parsed request to reply, in seconds.",
+    ),
+    (CONNECTIONS_OPEN, "Client connections currently open."),
+    (
+        CONNECTIONS_TOTAL,
+        "Client connections accepted since start.",
+    ),
+    (
+        CONNECTIONS_REJECTED_TOTAL,
+        "Client connections refused because max_clients was reached.",
+    ),
+    (
+        SEGMENT_IDS_TOTAL,
+        "Segment IDs handed out by this node, by tag.",
+    ),
+    (
+        SEGMENT_LOADS_TOTAL,
+        "Segment loads from the database, by tag and result.",
+    ),
+    (
+        SEGMENT_LOAD_DURATION_SECONDS,
+        "Time of one segment load from the database, in seconds.",
+    ),
+    (
+        SEGMENT_REMAINING_IDS,
+        "IDs left in a tag's current or next buffer.",
+    ),
+    (
+        SEGMENT_PRELOAD_THRESHOLD_IDS,
+        "The next segment is loaded once the current buffer has this many IDs left or fewer.",
+    ),
+    (
+        SEGMENT_STEP,
+        "Step of the tag's last segment load (Leaf's adaptive step).",
+    ),
+    (
+        SEGMENT_REQUEST_WAITS_TOTAL,
+        "Requests that had to wait for a segment load because both buffers were empty.",
+    ),
+    (
+        STORAGE_READY,
+        "1 when the segment database answered and the tag list is loaded, else 0.",
+    ),
+    (SNOWFLAKE_IDS_TOTAL, "Snowflake IDs issued by this node."),
+    (
+        SNOWFLAKE_SEQUENCE_WAITS_TOTAL,
+        "Times a millisecond's sequence ran out and the engine waited for the next one.",
+    ),
+    (
+        SNOWFLAKE_CLOCK_BACKWARD_TOTAL,
+        "Times the clock was found behind the last snowflake timestamp.",
+    ),
+    (SNOWFLAKE_WORKER_ID, "This node's snowflake worker id."),
+    (
+        ZOOKEEPER_CONNECTED,
+        "1 while this node's ZooKeeper time reports succeed, else 0.",
+    ),
+    (
+        ZOOKEEPER_LAST_REPORT_AGE_SECONDS,
+        "Seconds since this node last reported its time to ZooKeeper.",
+    ),
+];
 
 /// Histogram buckets from 10 µs to 2.5 s, fine enough below a millisecond.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -77,6 +148,14 @@ impl Metrics {
             .set_buckets(LATENCY_BUCKETS)
             .expect("bucket list is not empty")
             .build_recorder();
+        for (name, help) in DESCRIPTIONS {
+            // One describe call serves every kind: the exporter keeps the text by name.
+            recorder.describe_counter(
+                KeyName::from_const_str(name),
+                None,
+                SharedString::const_str(help),
+            );
+        }
         let mut metrics = Metrics {
             recorder: Some(recorder),
             commands: Vec::new(),
