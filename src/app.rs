@@ -107,7 +107,12 @@ impl App {
         clock: Arc<dyn Clock>,
         (snowflake, zk_worker): (Option<Arc<SnowflakeEngine>>, Option<ZkWorker>),
     ) -> Arc<App> {
-        let metrics = Arc::new(Metrics::new(&crate::cmd::table::names()));
+        // Without an HTTP listener nobody can scrape, so nothing is recorded.
+        let metrics = Arc::new(if config.http.enabled {
+            Metrics::new(&crate::cmd::table::names())
+        } else {
+            Metrics::disabled()
+        });
         let segments = SegmentEngine::new(
             store,
             SegmentSettings::from(&config.segment),

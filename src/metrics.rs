@@ -1,9 +1,13 @@
 //! Metric names in one place, and each server's own Prometheus recorder: handles registered
 //! once for the hot path, engine state copied into gauges only when `/metrics` is scraped.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Recorder, SharedString};
+use metrics::{Counter, Gauge, Key, KeyName, Label, Recorder, SharedString};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 pub const COMMANDS_TOTAL: &str = "leafd_commands_total";
@@ -97,35 +101,104 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Histogram buckets from 10 µs to 2.5 s, fine enough below a millisecond.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
-    0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+/// Histogram bucket bounds from 10 µs to 2.5 s, in nanoseconds: fine enough below a millisecond.
+const LATENCY_BOUNDS_NANOS: [u64; 17] = [
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
 ];
 
-/// The metrics of one command name.
+/// A fixed-bucket latency histogram. Recording is two relaxed atomic additions with no
+/// allocation, so it can sit on the request path; the exporter's own histograms buffer every
+/// sample until a scrape, which costs more per record and grows when nobody scrapes.
+pub struct LatencyHistogram {
+    /// Per-bucket (not cumulative) counts; the last one is `+Inf`.
+    buckets: [AtomicU64; LATENCY_BOUNDS_NANOS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LatencyHistogram {
+    pub fn record(&self, elapsed: Duration) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BOUNDS_NANOS.partition_point(|&bound| bound < nanos);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Appends the `_bucket`, `_sum` and `_count` lines of one labelled series.
+    fn render(&self, name: &str, labels: &str, out: &mut String) {
+        let mut cumulative = 0;
+        for (i, bucket) in self.buckets.iter().enumerate() {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let le = match LATENCY_BOUNDS_NANOS.get(i) {
+                Some(bound) => format!("{}", *bound as f64 / 1e9),
+                None => "+Inf".into(),
+            };
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+    }
+}
+
+/// The metrics of one command name. `leafd_commands_total` is derived at scrape time: the
+/// histogram counts every execution, and only the (rare) errors have their own counter.
+#[derive(Default)]
 pub struct CommandMetrics {
-    ok: Counter,
-    error: Counter,
-    duration: Histogram,
+    errors: AtomicU64,
+    duration: LatencyHistogram,
 }
 
 impl CommandMetrics {
-    /// Records one execution; a few atomic operations, no lookup.
+    /// Records one execution: two relaxed atomic additions (three for an error), no lookup,
+    /// no allocation.
     pub fn record(&self, failed: bool, elapsed: Duration) {
         if failed {
-            self.error.increment(1);
-        } else {
-            self.ok.increment(1);
+            self.errors.fetch_add(1, Ordering::Relaxed);
         }
-        self.duration.record(elapsed.as_secs_f64());
+        self.duration.record(elapsed);
+    }
+
+    fn count(&self) -> u64 {
+        self.duration
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
 /// A server's metrics registry.
 pub struct Metrics {
     recorder: Option<PrometheusRecorder>,
+    command_names: Vec<&'static str>,
     commands: Vec<CommandMetrics>,
+    /// Segment load latency by tag (loads are rare, so a lock here is fine).
+    segment_loads: Mutex<BTreeMap<String, Arc<LatencyHistogram>>>,
 }
 
 fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
@@ -144,10 +217,7 @@ const METADATA: metrics::Metadata<'static> =
 impl Metrics {
     /// A recorder with handles for `command_names` (plus `unknown`), in that order.
     pub fn new(command_names: &[&'static str]) -> Metrics {
-        let recorder = PrometheusBuilder::new()
-            .set_buckets(LATENCY_BUCKETS)
-            .expect("bucket list is not empty")
-            .build_recorder();
+        let recorder = PrometheusBuilder::new().build_recorder();
         for (name, help) in DESCRIPTIONS {
             // One describe call serves every kind: the exporter keeps the text by name.
             recorder.describe_counter(
@@ -158,38 +228,37 @@ impl Metrics {
         }
         let mut metrics = Metrics {
             recorder: Some(recorder),
+            command_names: command_names
+                .iter()
+                .copied()
+                .chain(std::iter::once("unknown"))
+                .collect(),
             commands: Vec::new(),
+            segment_loads: Mutex::new(BTreeMap::new()),
         };
-        metrics.commands = command_names
+        metrics.commands = metrics
+            .command_names
             .iter()
-            .chain(std::iter::once(&"unknown"))
-            .map(|name| CommandMetrics {
-                ok: metrics.counter(COMMANDS_TOTAL, &[("command", name), ("result", "ok")]),
-                error: metrics.counter(COMMANDS_TOTAL, &[("command", name), ("result", "error")]),
-                duration: metrics.histogram(COMMAND_DURATION_SECONDS, &[("command", name)]),
-            })
+            .map(|_| CommandMetrics::default())
             .collect();
         metrics
     }
 
-    /// Metrics that record nothing (benchmarks without a recorder, embedding without `/metrics`).
-    pub fn disabled(command_count: usize) -> Metrics {
+    /// Metrics that record nothing (no HTTP listener to scrape them, or benchmarks without).
+    pub fn disabled() -> Metrics {
         Metrics {
             recorder: None,
-            commands: (0..=command_count)
-                .map(|_| CommandMetrics {
-                    ok: Counter::noop(),
-                    error: Counter::noop(),
-                    duration: Histogram::noop(),
-                })
-                .collect(),
+            command_names: Vec::new(),
+            commands: Vec::new(),
+            segment_loads: Mutex::new(BTreeMap::new()),
         }
     }
 
-    /// The handles of the command at `index` of the list given to [`Metrics::new`]; an index
-    /// past the end is the `unknown` command.
-    pub fn command(&self, index: usize) -> &CommandMetrics {
-        &self.commands[index.min(self.commands.len() - 1)]
+    /// The metrics of the command at `index` of the list given to [`Metrics::new`] (an index
+    /// past the end is the `unknown` command); `None` when metrics are disabled.
+    pub fn command(&self, index: usize) -> Option<&CommandMetrics> {
+        let last = self.commands.len().checked_sub(1)?;
+        self.commands.get(index.min(last))
     }
 
     pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {
@@ -206,18 +275,74 @@ impl Metrics {
         }
     }
 
-    pub fn histogram(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Histogram {
-        match &self.recorder {
-            Some(r) => r.register_histogram(&key(name, labels), &METADATA),
-            None => Histogram::noop(),
+    /// Records the duration of one segment load of `tag`.
+    pub fn segment_load(&self, tag: &str, elapsed: Duration) {
+        if self.recorder.is_none() {
+            return;
         }
+        let histogram = {
+            let mut loads = self.segment_loads.lock().unwrap_or_else(|p| p.into_inner());
+            loads.entry(tag.to_string()).or_default().clone()
+        };
+        histogram.record(elapsed);
     }
 
     /// The Prometheus text exposition of everything recorded so far.
     pub fn render(&self) -> String {
-        self.recorder
-            .as_ref()
-            .map(|r| r.handle().render())
-            .unwrap_or_default()
+        let Some(recorder) = &self.recorder else {
+            return String::new();
+        };
+        let mut out = recorder.handle().render();
+        let help = |name: &str| {
+            DESCRIPTIONS
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or("", |(_, h)| *h)
+        };
+        let _ = writeln!(
+            out,
+            "# HELP {COMMANDS_TOTAL} {}\n# TYPE {COMMANDS_TOTAL} counter",
+            help(COMMANDS_TOTAL)
+        );
+        for (name, command) in self.command_names.iter().zip(&self.commands) {
+            let errors = command.errors.load(Ordering::Relaxed);
+            let ok = command.count().saturating_sub(errors);
+            let _ = writeln!(
+                out,
+                "{COMMANDS_TOTAL}{{command=\"{name}\",result=\"ok\"}} {ok}"
+            );
+            let _ = writeln!(
+                out,
+                "{COMMANDS_TOTAL}{{command=\"{name}\",result=\"error\"}} {errors}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP {COMMAND_DURATION_SECONDS} {}\n# TYPE {COMMAND_DURATION_SECONDS} histogram",
+            help(COMMAND_DURATION_SECONDS)
+        );
+        for (name, command) in self.command_names.iter().zip(&self.commands) {
+            let labels = format!("command=\"{name}\"");
+            command
+                .duration
+                .render(COMMAND_DURATION_SECONDS, &labels, &mut out);
+        }
+        let loads = self.segment_loads.lock().unwrap_or_else(|p| p.into_inner());
+        if !loads.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP {SEGMENT_LOAD_DURATION_SECONDS} {}\n# TYPE {SEGMENT_LOAD_DURATION_SECONDS} histogram",
+                help(SEGMENT_LOAD_DURATION_SECONDS)
+            );
+            for (tag, histogram) in loads.iter() {
+                let tag = tag.replace('\\', "\\\\").replace('"', "\\\"");
+                histogram.render(
+                    SEGMENT_LOAD_DURATION_SECONDS,
+                    &format!("tag=\"{tag}\""),
+                    &mut out,
+                );
+            }
+        }
+        out
     }
 }

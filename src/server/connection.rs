@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,11 +38,13 @@ pub async fn serve(
     let mut output = BytesMut::with_capacity(4096);
     loop {
         // Run every complete command already received; replies keep their order.
+        let mut started = Instant::now();
         loop {
             match decoder.decode(&mut input) {
                 Ok(Some(args)) => {
                     app.stats.total_commands.fetch_add(1, Ordering::Relaxed);
-                    let reply = cmd::execute(app, &mut session, args).await;
+                    let (reply, finished) = cmd::execute(app, &mut session, args, started).await;
+                    started = finished;
                     reply.encode(session.protocol, &mut output);
                     if session.closing {
                         let _ = stream.write_all(&output).await;

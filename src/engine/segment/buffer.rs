@@ -100,13 +100,14 @@ impl BufferState {
 
     /// True when a background load of the next segment should start now: 10% or more of the
     /// current segment is used, no next segment is waiting, and no load is in flight or backing off.
-    pub fn wants_preload(&self, now_ms: u64) -> bool {
+    /// The clock is read only when a back-off is pending, keeping it off the hot path.
+    pub fn wants_preload(&self, now_ms: impl FnOnce() -> u64) -> bool {
         match self.current {
             Some(cur) => {
                 !self.loading
                     && self.next.is_none()
-                    && now_ms >= self.retry_at_ms
                     && cur.remaining() * 10 <= cur.step * 9
+                    && (self.retry_at_ms == 0 || now_ms() >= self.retry_at_ms)
             }
             None => false,
         }
@@ -163,11 +164,11 @@ mod tests {
             ..Default::default()
         };
         st.take(9);
-        assert!(!st.wants_preload(0));
+        assert!(!st.wants_preload(|| 0));
         st.take(1);
-        assert!(st.wants_preload(0));
+        assert!(st.wants_preload(|| 0));
         st.loading = true;
-        assert!(!st.wants_preload(0));
+        assert!(!st.wants_preload(|| 0));
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub use buffer::{BufferState, LoadFailure, Segment};
 
 use crate::config::{validate_tag_name, SegmentConfig, MAX_TAG_START};
 use crate::engine::clock::Clock;
-use crate::metrics::{Metrics, SEGMENT_LOAD_DURATION_SECONDS};
+use crate::metrics::Metrics;
 use crate::storage::{SegmentStore, StoreError};
 
 /// Tuning of the engine, taken from [`SegmentConfig`].
@@ -191,8 +191,19 @@ impl SegmentEngine {
         if n < 1 {
             return Err(SegmentError::Invalid("count must be positive".into()));
         }
-        let buffer = match self.tags.load().get(tag) {
-            Some(buffer) => buffer.clone(),
+        // Fast path: the tag map is read without cloning anything, and the clock is not read.
+        let found = {
+            let tags = self.tags.load();
+            match tags.get(tag) {
+                Some(buffer) => match self.take_from_buffers(buffer, n) {
+                    Some(last) => return Ok(last),
+                    None => Some(buffer.clone()),
+                },
+                None => None,
+            }
+        };
+        let buffer = match found {
+            Some(buffer) => buffer,
             None => self.lookup_after_refresh(tag).await?,
         };
         let deadline = tokio::time::Instant::now() + self.settings.load_timeout;
@@ -202,7 +213,7 @@ impl SegmentEngine {
                 let mut st = buffer.lock();
                 let now = self.clock.now_millis();
                 if let Some(last) = st.take(n) {
-                    let preload = st.wants_preload(now);
+                    let preload = st.wants_preload(|| now);
                     if preload {
                         st.loading = true;
                     }
@@ -256,6 +267,21 @@ impl SegmentEngine {
                 });
             }
         }
+    }
+
+    /// Takes `n` IDs if the buffers have them, starting a preload when one is due.
+    fn take_from_buffers(self: &Arc<Self>, buffer: &Arc<TagBuffer>, n: i64) -> Option<i64> {
+        let mut st = buffer.lock();
+        let last = st.take(n)?;
+        let preload = st.wants_preload(|| self.clock.now_millis());
+        if preload {
+            st.loading = true;
+        }
+        drop(st);
+        if preload {
+            self.spawn_load(buffer.clone());
+        }
+        Some(last)
     }
 
     fn failure_error(&self, tag: &str, failure: LoadFailure) -> SegmentError {
@@ -332,9 +358,7 @@ impl SegmentEngine {
                 )),
             };
         let now = self.clock.now_millis();
-        self.metrics
-            .histogram(SEGMENT_LOAD_DURATION_SECONDS, &[("tag", &buffer.name)])
-            .record(started.elapsed().as_secs_f64());
+        self.metrics.segment_load(&buffer.name, started.elapsed());
         {
             let mut st = buffer.lock();
             match result {
@@ -550,7 +574,7 @@ mod tests {
             Arc::new(MemoryStore::new()),
             settings,
             clock,
-            Arc::new(Metrics::disabled(0)),
+            Arc::new(Metrics::disabled()),
         )
     }
 

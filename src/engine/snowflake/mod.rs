@@ -51,6 +51,17 @@ pub enum Attempt {
     NextMillisecond,
 }
 
+/// Sequence numbers reserved by one attempt, before they are encoded into IDs.
+enum Reserved {
+    Ids {
+        timestamp: u64,
+        first_sequence: u64,
+        count: u64,
+    },
+    ClockBehind(u64),
+    NextMillisecond,
+}
+
 /// A guard consulted before every ID: it lets a coordinator stop the engine when the worker id
 /// may have been handed to another node.
 pub trait WorkerLease: Send + Sync + 'static {
@@ -116,6 +127,23 @@ impl SnowflakeEngine {
     /// current millisecond; a call asking for more than is left in it gets what is left and
     /// must call again (see [`SnowflakeEngine::next_ids`]).
     pub fn try_next(&self, n: usize) -> Result<Attempt, SnowflakeError> {
+        Ok(match self.reserve(n)? {
+            Reserved::Ids {
+                timestamp,
+                first_sequence,
+                count,
+            } => Attempt::Ids(
+                (first_sequence..first_sequence + count)
+                    .map(|seq| self.layout.encode(timestamp, self.worker_id, seq))
+                    .collect(),
+            ),
+            Reserved::ClockBehind(behind) => Attempt::ClockBehind(behind),
+            Reserved::NextMillisecond => Attempt::NextMillisecond,
+        })
+    }
+
+    /// Reserves up to `n` sequence numbers of the current millisecond under the lock.
+    fn reserve(&self, n: usize) -> Result<Reserved, SnowflakeError> {
         if let Some(lease) = &self.lease {
             lease
                 .check(self.clock.now_millis())
@@ -134,7 +162,7 @@ impl SnowflakeEngine {
                 .clock_backward_events
                 .fetch_add(1, Ordering::Relaxed);
             return if behind <= self.max_backward_ms {
-                Ok(Attempt::ClockBehind(behind))
+                Ok(Reserved::ClockBehind(behind))
             } else {
                 Err(SnowflakeError::ClockBack(behind))
             };
@@ -143,7 +171,7 @@ impl SnowflakeEngine {
         let mut first_sequence = if now == st.last_ms {
             if st.sequence >= max_sequence {
                 self.stats.sequence_waits.fetch_add(1, Ordering::Relaxed);
-                return Ok(Attempt::NextMillisecond);
+                return Ok(Reserved::NextMillisecond);
             }
             st.sequence + 1
         } else {
@@ -154,13 +182,14 @@ impl SnowflakeEngine {
             first_sequence = max_sequence;
         }
         let count = (n as u64).min(max_sequence - first_sequence + 1);
-        let ids = (first_sequence..first_sequence + count)
-            .map(|seq| self.layout.encode(now, self.worker_id, seq))
-            .collect();
         st.last_ms = now;
         st.sequence = first_sequence + count - 1;
         st.served += count;
-        Ok(Attempt::Ids(ids))
+        Ok(Reserved::Ids {
+            timestamp: now,
+            first_sequence,
+            count,
+        })
     }
 
     /// `n` strictly increasing IDs, waiting out a full millisecond or a clock step back of up
@@ -184,11 +213,16 @@ impl SnowflakeEngine {
         Ok(ids)
     }
 
-    /// One ID.
+    /// One ID, without the allocation of a batch.
     pub async fn next_id(&self) -> Result<i64, SnowflakeError> {
-        // A single ID never needs the Vec: take it straight from the first attempt when possible.
-        match self.try_next(1)? {
-            Attempt::Ids(ids) => Ok(ids[0]),
+        match self.reserve(1)? {
+            Reserved::Ids {
+                timestamp,
+                first_sequence,
+                ..
+            } => Ok(self
+                .layout
+                .encode(timestamp, self.worker_id, first_sequence)),
             _ => Ok(self.next_ids(1).await?[0]),
         }
     }

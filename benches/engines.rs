@@ -1,0 +1,143 @@
+//! Engine and codec benchmarks: segment and snowflake `next_id`, the RESP decode/encode of an
+//! `INCR segment:x` round trip, and the cost of the per-command metrics on the hot path.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use criterion::{criterion_group, criterion_main, Criterion};
+use leafd::engine::clock::SystemClock;
+use leafd::engine::segment::{SegmentEngine, SegmentSettings};
+use leafd::engine::snowflake::{Attempt, Layout, SnowflakeEngine};
+use leafd::metrics::Metrics;
+use leafd::protocol::{Reply, RequestDecoder, RespVersion};
+use leafd::storage::MemoryStore;
+
+/// Polls a future that is expected to be ready at once (an ID from a loaded segment).
+fn ready<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("benchmark future was not ready"),
+    }
+}
+
+fn segment_engine(rt: &tokio::runtime::Runtime, metrics: Arc<Metrics>) -> Arc<SegmentEngine> {
+    let settings = SegmentSettings {
+        adaptive_step: false,
+        max_step: 1_000_000,
+        load_timeout: Duration::from_secs(1),
+    };
+    let engine = SegmentEngine::new(
+        Arc::new(MemoryStore::new()),
+        settings,
+        Arc::new(SystemClock),
+        metrics,
+    );
+    rt.block_on(async {
+        engine
+            .create_tag("bench", 1_000_000, 1, None)
+            .await
+            .unwrap();
+        engine.next_ids("bench", 1).await.unwrap();
+        // Let the preload of the next segment finish before measuring.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    });
+    engine
+}
+
+fn segment(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _guard = rt.enter();
+    let names = leafd::cmd::table::names();
+
+    let engine = segment_engine(&rt, Arc::new(Metrics::disabled()));
+    c.bench_function("segment/next_id", |b| {
+        b.iter(|| ready(engine.next_ids("bench", 1)).unwrap())
+    });
+
+    // What cmd::execute adds per command: one clock read (the previous command's end is this
+    // one's start), a counter and a histogram record.
+    let recorded = Arc::new(Metrics::new(&names));
+    let engine = segment_engine(&rt, recorded.clone());
+    let mut started = Instant::now();
+    c.bench_function("segment/next_id+command_metrics", |b| {
+        b.iter(|| {
+            let id = ready(engine.next_ids("bench", 1)).unwrap();
+            let finished = Instant::now();
+            if let Some(metrics) = recorded.command(0) {
+                metrics.record(false, finished.saturating_duration_since(started));
+            }
+            started = finished;
+            id
+        })
+    });
+
+    let engine = segment_engine(&rt, Arc::new(Metrics::disabled()));
+    c.bench_function("segment/next_id_2_threads", |b| {
+        b.iter_custom(|iters| {
+            let started = Instant::now();
+            std::thread::scope(|scope| {
+                for _ in 0..2 {
+                    let engine = engine.clone();
+                    let handle = rt.handle().clone();
+                    scope.spawn(move || {
+                        let _guard = handle.enter();
+                        for _ in 0..iters / 2 {
+                            ready(engine.next_ids("bench", 1)).unwrap();
+                        }
+                    });
+                }
+            });
+            started.elapsed()
+        })
+    });
+}
+
+fn snowflake(c: &mut Criterion) {
+    let engine = SnowflakeEngine::new(Layout::default(), 1, 5, Arc::new(SystemClock), None);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    // Includes the waits for the next millisecond once a millisecond's 4,096 IDs are used.
+    c.bench_function("snowflake/next_id", |b| {
+        b.iter(|| rt.block_on(engine.next_id()).unwrap())
+    });
+    c.bench_function("snowflake/batch_of_100", |b| {
+        b.iter(|| loop {
+            if let Attempt::Ids(ids) = engine.try_next(100).unwrap() {
+                break ids;
+            }
+        })
+    });
+}
+
+fn resp(c: &mut Criterion) {
+    let decoder = RequestDecoder::default();
+    let frame = b"*2\r\n$4\r\nINCR\r\n$13\r\nsegment:order\r\n";
+    c.bench_function("resp/decode_incr", |b| {
+        b.iter(|| {
+            let mut buf = BytesMut::from(&frame[..]);
+            decoder.decode(&mut buf).unwrap().unwrap()
+        })
+    });
+    let mut out = BytesMut::with_capacity(1 << 16);
+    c.bench_function("resp/encode_integer", |b| {
+        b.iter(|| {
+            if out.len() > 60_000 {
+                out.clear();
+            }
+            Reply::Integer(1_234_567_890_123).encode(RespVersion::Resp2, &mut out);
+        })
+    });
+}
+
+criterion_group!(benches, segment, snowflake, resp);
+criterion_main!(benches);
