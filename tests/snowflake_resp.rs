@@ -29,10 +29,13 @@ async fn ids_decode_to_this_worker_and_now() {
     let mut con = server.client().await;
     let layout = Layout::default();
     let mut last = 0i64;
-    for command in ["SNOWFLAKE", "INCR", "GET"] {
+    for command in ["SNOWFLAKE", "INCR", "GET", "INCRBY"] {
         let mut cmd = redis::cmd(command);
         if command != "SNOWFLAKE" {
             cmd.arg("snowflake");
+        }
+        if command == "INCRBY" {
+            cmd.arg(1);
         }
         let id: i64 = cmd.query_async(&mut con).await.unwrap();
         let fields = layout.decode(id).unwrap();
@@ -44,6 +47,12 @@ async fn ids_decode_to_this_worker_and_now() {
         assert!(id > last, "{command}: {id} after {last}");
         last = id;
     }
+    let mut raw = server.raw().await;
+    let get = raw.send(&resp(&[b"GET", b"snowflake"]), 2).await;
+    assert!(
+        get.starts_with("$19\r\n"),
+        "GET answers a bulk string: {get}"
+    );
     let batch: Vec<i64> = redis::cmd("SNOWFLAKE")
         .arg(4096)
         .query_async(&mut con)
@@ -97,7 +106,7 @@ async fn bad_snowflake_input_gets_errors() {
         ),
         (
             &[b"INCRBY", b"snowflake", b"3"],
-            "-ERR INCRBY snowflake is not supported: use SNOWFLAKE <n>\r\n",
+            "-ERR INCRBY snowflake takes only 1: use SNOWFLAKE <n> for more IDs\r\n",
         ),
         (
             &[b"LEAF.DECODE", b"-5"],

@@ -95,6 +95,10 @@ async fn run(
             Ok(cmd) => cmd.apply(app).await,
             Err(reply) => reply,
         },
+        // Clients such as redis-py send INCR as INCRBY key 1.
+        "incrby" if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
+            snowflake::incrby(args, app).await
+        }
         "incrby" => match segment::IncrBy::parse(args, app) {
             Ok(cmd) => cmd.apply(app).await,
             Err(reply) => reply,

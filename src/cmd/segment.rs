@@ -49,11 +49,6 @@ pub struct IncrBy<'a> {
 
 impl<'a> IncrBy<'a> {
     pub fn parse(args: &'a [Bytes], app: &App) -> Result<IncrBy<'a>, Reply> {
-        if args[1].eq_ignore_ascii_case(super::snowflake::SNOWFLAKE_KEY) {
-            return Err(Reply::error(
-                "ERR INCRBY snowflake is not supported: use SNOWFLAKE <n>",
-            ));
-        }
         let tag = tag_of(&args[1])?;
         let count = parse_i64(&args[2])?;
         if count < 1 {

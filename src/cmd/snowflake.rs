@@ -67,10 +67,25 @@ pub async fn snowflake(args: &[Bytes], app: &Arc<App>) -> Reply {
     }
 }
 
-/// `GET snowflake`; any other key is not something leafd stores.
+/// `INCRBY snowflake 1` (what some clients send for INCR). Snowflake IDs are not contiguous,
+/// so a block larger than one is refused.
+pub async fn incrby(args: &[Bytes], app: &Arc<App>) -> Reply {
+    match parse_i64(&args[2]) {
+        Ok(1) => next(app).await,
+        Ok(_) => Reply::error("ERR INCRBY snowflake takes only 1: use SNOWFLAKE <n> for more IDs"),
+        Err(reply) => reply,
+    }
+}
+
+/// `GET snowflake`: the next ID as a bulk string, as GET always answers in Redis (and so that
+/// JavaScript clients, whose numbers hold 53 bits, get it exactly); any other key is not
+/// something leafd stores.
 pub async fn get(args: &[Bytes], app: &Arc<App>) -> Reply {
     if args[1].eq_ignore_ascii_case(SNOWFLAKE_KEY) {
-        next(app).await
+        match next(app).await {
+            Reply::Integer(id) => Reply::bulk(id.to_string()),
+            other => other,
+        }
     } else {
         Reply::error(format!(
             "ERR unsupported key '{}': GET only serves 'snowflake'",

@@ -39,14 +39,18 @@ pub async fn serve(
     loop {
         // Run every complete command already received; replies keep their order.
         let mut started = Instant::now();
+        let mut executed = 0u64;
         loop {
             match decoder.decode(&mut input) {
                 Ok(Some(args)) => {
-                    app.stats.total_commands.fetch_add(1, Ordering::Relaxed);
+                    executed += 1;
                     let (reply, finished) = cmd::execute(app, &mut session, args, started).await;
                     started = finished;
                     reply.encode(session.protocol, &mut output);
                     if session.closing {
+                        app.stats
+                            .total_commands
+                            .fetch_add(executed, Ordering::Relaxed);
                         let _ = stream.write_all(&output).await;
                         return;
                     }
@@ -57,8 +61,17 @@ pub async fn serve(
                         output.clear();
                     }
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    // One shared-counter update per batch, not per command.
+                    app.stats
+                        .total_commands
+                        .fetch_add(executed, Ordering::Relaxed);
+                    break;
+                }
                 Err(e) => {
+                    app.stats
+                        .total_commands
+                        .fetch_add(executed, Ordering::Relaxed);
                     Reply::error(format!("ERR {e}")).encode(session.protocol, &mut output);
                     let _ = stream.write_all(&output).await;
                     tracing::debug!(client = session.id, error = %e, "closing connection after protocol error");

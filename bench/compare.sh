@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Side-by-side throughput of leafd and the local redis-server at serving IDs, with
+# redis-benchmark: leafd `INCR segment:bench` and `SNOWFLAKE` against Redis `INCR bench`, at
+# pipeline depth 1 and 32, alternating targets, ROUNDS rounds; prints the median of each row and
+# the ratio leafd/redis. Loopback only; stops by itself.
+#   bench/compare.sh [REQUESTS=1000000] [ROUNDS=3] [CLIENTS=50]
+# Env: LEAFD_BIN (default target/release/leafd, built if missing), REDIS_PORT (default 6379).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+requests=${1:-1000000}
+rounds=${2:-3}
+clients=${3:-50}
+redis_port=${REDIS_PORT:-6379}
+leafd_bin=${LEAFD_BIN:-target/release/leafd}
+
+command -v redis-benchmark >/dev/null || { echo "redis-benchmark not found (Debian: redis-tools)" >&2; exit 1; }
+if ! redis-cli -p "$redis_port" PING >/dev/null 2>&1; then
+  echo "no redis-server on 127.0.0.1:$redis_port" >&2; exit 1
+fi
+[ -x "$leafd_bin" ] || cargo build --release --quiet
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+work=$(mktemp -d)
+leafd_port=$(free_port)
+http_port=$(free_port)
+"$leafd_bin" --bind "127.0.0.1:$leafd_port" --http-bind "127.0.0.1:$http_port" \
+  --storage-url "sqlite://$work/leafd.db" > "$work/leafd.log" 2>&1 &
+leafd_pid=$!
+trap 'kill $leafd_pid 2>/dev/null; wait $leafd_pid 2>/dev/null; rm -rf "$work"' EXIT
+for _ in $(seq 1 100); do redis-cli -p "$leafd_port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+redis-cli -p "$leafd_port" LEAF.TAG CREATE bench 100000 >/dev/null
+redis-cli -p "$redis_port" DEL bench >/dev/null
+
+# Runs one redis-benchmark; appends "rps p50 p99" to $2 and fails on any error reply.
+run() {
+  local port=$1 out=$2 pipeline=$3; shift 3
+  local csv
+  csv=$(redis-benchmark -h 127.0.0.1 -p "$port" -c "$clients" -n "$requests" -P "$pipeline" --csv "$@" 2>"$work/stderr")
+  if grep -qi "error" "$work/stderr" <(echo "$csv"); then
+    echo "error replies from port $port running $*:" >&2; cat "$work/stderr" >&2; exit 1
+  fi
+  # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+  echo "$csv" | tail -n 1 | tr -d '"' | awk -F, '{print $2, $5, $7}' >> "$out"
+}
+
+median() { sort -n -k1,1 "$1" | awk '{a[NR]=$0} END {print a[int((NR+1)/2)]}'; }
+
+rows=("INCR segment:bench|1" "INCR segment:bench|32" "SNOWFLAKE|1" "SNOWFLAKE|32")
+for round in $(seq 1 "$rounds"); do
+  for row in "${rows[@]}"; do
+    cmd=${row%|*}; pipeline=${row#*|}
+    key=$(echo "$cmd-$pipeline" | tr ' :' '__')
+    # shellcheck disable=SC2086
+    run "$leafd_port" "$work/leafd-$key" "$pipeline" $cmd
+    run "$redis_port" "$work/redis-$key" "$pipeline" INCR bench
+  done
+done
+
+# Every reply was an integer: the IDs still increase after the run.
+last=$(redis-cli -p "$leafd_port" INCR segment:bench)
+[[ "$last" =~ ^[0-9]+$ ]] || { echo "leafd did not answer with an integer: $last" >&2; exit 1; }
+
+echo
+echo "leafd vs redis-server $(redis-server --version | awk '{print $3}' | tr -d 'v='), $requests requests, $clients clients, median of $rounds rounds"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
+printf '%-20s %3s | %12s %8s %8s | %12s %8s %8s | %6s\n' "leafd command" "-P" "leafd rps" "p50 ms" "p99 ms" "redis rps" "p50 ms" "p99 ms" "ratio"
+for row in "${rows[@]}"; do
+  cmd=${row%|*}; pipeline=${row#*|}
+  key=$(echo "$cmd-$pipeline" | tr ' :' '__')
+  read -r l_rps l_p50 l_p99 < <(median "$work/leafd-$key")
+  read -r r_rps r_p50 r_p99 < <(median "$work/redis-$key")
+  ratio=$(awk -v a="$l_rps" -v b="$r_rps" 'BEGIN {printf "%.2f", a/b}')
+  printf '%-20s %3s | %12s %8s %8s | %12s %8s %8s | %6s\n' "$cmd" "$pipeline" "$l_rps" "$l_p50" "$l_p99" "$r_rps" "$r_p50" "$r_p99" "$ratio"
+done

@@ -1,0 +1,62 @@
+"""leafd through redis-py: incr, incrby, SNOWFLAKE, a pipeline of 1,000, RESP3, and a
+connection pool under 8 threads. Every ID must be unique. Usage: redis_py_client.py PORT"""
+import sys
+import threading
+
+import redis
+
+port = int(sys.argv[1])
+seen = set()
+
+
+def unique(ids, what):
+    for i in ids:
+        assert isinstance(i, int), f"{what}: {i!r} is not an integer"
+        assert i not in seen, f"{what}: duplicate {i}"
+        seen.add(i)
+
+
+r = redis.Redis(host="127.0.0.1", port=port)
+assert r.ping() is True
+assert r.execute_command("LEAF.TAG", "CREATE", "py", 100) in (b"OK", "OK")
+first = r.incr("segment:py")
+assert first == 1, first
+last = r.incrby("segment:py", 10)
+assert last == 11, last
+unique([first] + list(range(2, 12)), "incr/incrby")
+unique([r.execute_command("SNOWFLAKE"), r.incr("snowflake")], "snowflake")
+batch = r.execute_command("SNOWFLAKE", 50)
+assert batch == sorted(batch) and len(batch) == 50, batch
+unique(batch, "SNOWFLAKE 50")
+
+pipe = r.pipeline(transaction=False)
+for _ in range(1000):
+    pipe.incr("segment:py")
+ids = pipe.execute()
+assert ids == sorted(ids), "pipeline replies in order"
+unique(ids, "pipeline")
+
+r3 = redis.Redis(host="127.0.0.1", port=port, protocol=3)
+unique([r3.incr("segment:py"), r3.execute_command("SNOWFLAKE")], "resp3")
+hello = r3.execute_command("HELLO", 3)
+assert hello.get(b"proto", hello.get("proto")) == 3, hello
+
+pool = redis.ConnectionPool(host="127.0.0.1", port=port, max_connections=8)
+results = [[] for _ in range(8)]
+
+
+def worker(n):
+    client = redis.Redis(connection_pool=pool)
+    for _ in range(500):
+        results[n].append(client.incr("segment:py"))
+        results[n].append(client.execute_command("SNOWFLAKE"))
+
+
+threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+for ids in results:
+    unique(ids, "pool")
+print(f"redis-py {redis.__version__}: {len(seen)} unique IDs")
