@@ -7,13 +7,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
 use crate::cmd::{self, Session};
 use crate::protocol::{Reply, RequestDecoder};
+
+/// Bytes reserved for each read from the socket.
+const READ_CHUNK: usize = 4096;
 
 /// Replies are flushed early once this much is buffered, so a long pipeline cannot grow the
 /// output buffer without bound.
@@ -34,8 +37,10 @@ pub async fn serve(
         peer.to_string(),
         server.requirepass.is_some(),
     );
-    let mut input = BytesMut::with_capacity(4096);
-    let mut output = BytesMut::with_capacity(4096);
+    // Buffers are allocated when data arrives and released whenever they are empty, so an idle
+    // connection holds no buffer memory (10,000 idle clients would otherwise pin 80 MB).
+    let mut input = BytesMut::new();
+    let mut output = BytesMut::new();
     loop {
         // Run every complete command already received; replies keep their order.
         let mut started = Instant::now();
@@ -79,25 +84,36 @@ pub async fn serve(
                 }
             }
         }
-        if !output.is_empty() {
-            if stream.write_all(&output).await.is_err() {
-                return;
-            }
-            output.clear();
+        if !output.is_empty() && stream.write_all(&output).await.is_err() {
+            return;
+        }
+        output = BytesMut::new();
+        if input.is_empty() {
+            input = BytesMut::new();
         }
         let read = async {
+            let wait = async {
+                stream.readable().await?;
+                input.reserve(READ_CHUNK);
+                match stream.try_read_buf(&mut input) {
+                    // Readiness can be spurious: report "no progress" and wait again.
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                    Ok(n) => Ok(Some(n)),
+                    Err(e) => Err(e),
+                }
+            };
             match idle_timeout {
-                Some(limit) => tokio::time::timeout(limit, stream.read_buf(&mut input))
+                Some(limit) => tokio::time::timeout(limit, wait)
                     .await
-                    .unwrap_or(Ok(0)),
-                None => stream.read_buf(&mut input).await,
+                    .unwrap_or(Ok(Some(0))),
+                None => wait.await,
             }
         };
         tokio::select! {
             biased;
             _ = stop.cancelled() => return,
             read = read => match read {
-                Ok(0) | Err(_) => return,
+                Ok(Some(0)) | Err(_) => return,
                 Ok(_) => {}
             },
         }
