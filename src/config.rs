@@ -45,8 +45,12 @@ pub struct ServerConfig {
     pub bind: String,
     /// Connections beyond this get `-ERR max number of clients reached` and are closed.
     pub max_clients: usize,
-    /// Close a connection that sent nothing for this many seconds; 0 disables it.
+    /// Close a connection that sent no complete command for this many seconds (a client that
+    /// trickles a partial frame counts as idle); 0 disables it.
     pub idle_timeout_secs: u64,
+    /// Close a connection that has not read its replies for this many seconds (it pipelines
+    /// without reading); 0 waits for ever. Memory stays bounded either way.
+    pub write_timeout_secs: u64,
     /// When set, clients must AUTH (or HELLO … AUTH) before any other command.
     pub requirepass: Option<String>,
     /// Largest block one `INCRBY segment:<tag> <n>` may take.
@@ -64,6 +68,7 @@ impl Default for ServerConfig {
             bind: "127.0.0.1:6380".into(),
             max_clients: 10_000,
             idle_timeout_secs: 0,
+            write_timeout_secs: 30,
             requirepass: None,
             max_incrby: 100_000,
             max_inline_len: limits.max_inline_len,
@@ -91,6 +96,7 @@ impl fmt::Debug for ServerConfig {
             .field("bind", &self.bind)
             .field("max_clients", &self.max_clients)
             .field("idle_timeout_secs", &self.idle_timeout_secs)
+            .field("write_timeout_secs", &self.write_timeout_secs)
             .field(
                 "requirepass",
                 &self.requirepass.as_ref().map(|_| "<redacted>"),

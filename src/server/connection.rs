@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +22,35 @@ const READ_CHUNK: usize = 4096;
 /// output buffer without bound.
 const FLUSH_THRESHOLD: usize = 64 * 1024;
 
+/// Writes `buf` out, giving up (and so closing the connection) when the client has not read
+/// its replies within `limit`: a client that pipelines without reading cannot hold the server.
+async fn write_out(stream: &mut TcpStream, buf: &[u8], limit: Option<Duration>) -> bool {
+    match limit {
+        Some(limit) => matches!(
+            tokio::time::timeout(limit, stream.write_all(buf)).await,
+            Ok(Ok(()))
+        ),
+        None => stream.write_all(buf).await.is_ok(),
+    }
+}
+
+/// Closes without losing replies: FIN after the last reply, then unread input is drained for a
+/// moment. Dropping a socket with unread input would send a reset, which can make the client's
+/// kernel discard replies it has received but the client has not read yet.
+async fn close_gracefully(mut stream: TcpStream) {
+    let _ = stream.shutdown().await;
+    let mut scratch = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        loop {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+}
+
 pub async fn serve(
     mut stream: TcpStream,
     peer: SocketAddr,
@@ -30,8 +59,9 @@ pub async fn serve(
 ) {
     let server = &app.config.server;
     let decoder = RequestDecoder::new(server.request_limits());
-    let idle_timeout =
-        (server.idle_timeout_secs > 0).then(|| Duration::from_secs(server.idle_timeout_secs));
+    let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+    let idle_timeout = secs(server.idle_timeout_secs);
+    let write_timeout = secs(server.write_timeout_secs);
     let mut session = Session::new(
         app.next_client_id(),
         peer.to_string(),
@@ -41,10 +71,14 @@ pub async fn serve(
     // connection holds no buffer memory (10,000 idle clients would otherwise pin 80 MB).
     let mut input = BytesMut::new();
     let mut output = BytesMut::new();
+    // The idle timeout counts from the last complete command, not the last byte, so a client
+    // trickling a partial frame (slowloris) is closed like a silent one.
+    let mut last_command = tokio::time::Instant::now();
     loop {
         // Run every complete command already received; replies keep their order.
         let mut started = Instant::now();
         let mut executed = 0u64;
+        let mut close = false;
         loop {
             match decoder.decode(&mut input) {
                 Ok(Some(args)) => {
@@ -53,38 +87,37 @@ pub async fn serve(
                     started = finished;
                     reply.encode(session.protocol, &mut output);
                     if session.closing {
-                        app.stats
-                            .total_commands
-                            .fetch_add(executed, Ordering::Relaxed);
-                        let _ = stream.write_all(&output).await;
-                        return;
+                        close = true;
+                        break;
                     }
                     if output.len() >= FLUSH_THRESHOLD {
-                        if stream.write_all(&output).await.is_err() {
+                        if !write_out(&mut stream, &output, write_timeout).await {
                             return;
                         }
                         output.clear();
                     }
                 }
-                Ok(None) => {
-                    // One shared-counter update per batch, not per command.
-                    app.stats
-                        .total_commands
-                        .fetch_add(executed, Ordering::Relaxed);
-                    break;
-                }
+                Ok(None) => break,
                 Err(e) => {
-                    app.stats
-                        .total_commands
-                        .fetch_add(executed, Ordering::Relaxed);
                     Reply::error(format!("ERR {e}")).encode(session.protocol, &mut output);
-                    let _ = stream.write_all(&output).await;
                     tracing::debug!(client = session.id, error = %e, "closing connection after protocol error");
-                    return;
+                    close = true;
+                    break;
                 }
             }
         }
-        if !output.is_empty() && stream.write_all(&output).await.is_err() {
+        // One shared-counter update per batch, not per command.
+        if executed > 0 {
+            app.stats
+                .total_commands
+                .fetch_add(executed, Ordering::Relaxed);
+            last_command = tokio::time::Instant::now();
+        }
+        if !output.is_empty() && !write_out(&mut stream, &output, write_timeout).await {
+            return;
+        }
+        if close {
+            close_gracefully(stream).await;
             return;
         }
         output = BytesMut::new();
@@ -103,7 +136,7 @@ pub async fn serve(
                 }
             };
             match idle_timeout {
-                Some(limit) => tokio::time::timeout(limit, wait)
+                Some(limit) => tokio::time::timeout_at(last_command + limit, wait)
                     .await
                     .unwrap_or(Ok(Some(0))),
                 None => wait.await,
@@ -111,7 +144,10 @@ pub async fn serve(
         };
         tokio::select! {
             biased;
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => {
+                close_gracefully(stream).await;
+                return;
+            }
             read = read => match read {
                 Ok(Some(0)) | Err(_) => return,
                 Ok(_) => {}
