@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::scenarios::{self, create_tag, unique_tag};
-use common::{sqlite_config, CountingStore, TestServer};
+use common::{sqlite_config, FlakyStore, TestServer};
 use leafd::config::{Config, TagSeed};
 use leafd::storage::MemoryStore;
 
@@ -42,7 +42,7 @@ async fn incrby_blocks_never_overlap() {
 // checks the engine's logic, not how the OS scheduled threads on a busy CI machine.
 #[tokio::test(flavor = "current_thread")]
 async fn segments_switch_without_gaps_and_preload_before_exhaustion() {
-    let store = CountingStore::new(Arc::new(MemoryStore::new()));
+    let store = FlakyStore::new(Arc::new(MemoryStore::new()));
     let mut config = Config::default();
     config.segment.adaptive_step = false;
     let server = TestServer::start_with_store(config, store.clone()).await;

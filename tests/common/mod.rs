@@ -1,5 +1,5 @@
 //! Shared test helpers: an in-process leafd on 127.0.0.1:0, raw RESP I/O, and a store wrapper
-//! that counts allocations.
+//! that counts allocations and can fail or hang on demand.
 #![allow(dead_code)]
 
 pub mod backends;
@@ -170,64 +170,17 @@ pub fn resp(args: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-/// Wraps a store and counts allocations.
-pub struct CountingStore {
-    pub inner: Arc<dyn SegmentStore>,
-    pub allocations: AtomicU64,
-}
-
-impl CountingStore {
-    pub fn new(inner: Arc<dyn SegmentStore>) -> Arc<CountingStore> {
-        Arc::new(CountingStore {
-            inner,
-            allocations: AtomicU64::new(0),
-        })
-    }
-
-    pub fn allocations(&self) -> u64 {
-        self.allocations.load(Ordering::SeqCst)
-    }
-}
-
-#[async_trait]
-impl SegmentStore for CountingStore {
-    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
-        self.allocations.fetch_add(1, Ordering::SeqCst);
-        self.inner.allocate(tag, step).await
-    }
-    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
-        self.inner.list().await
-    }
-    async fn create_tag(
-        &self,
-        tag: &str,
-        step: i64,
-        max_id: i64,
-        description: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.inner.create_tag(tag, step, max_id, description).await
-    }
-    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
-        self.inner.set_step(tag, step).await
-    }
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    async fn close(&self) {
-        self.inner.close().await
-    }
-}
-
 /// How a [`FlakyStore`] behaves right now.
 pub const STORE_OK: u8 = 0;
 pub const STORE_FAILS: u8 = 1;
 pub const STORE_HANGS: u8 = 2;
 
-/// Wraps a store and can be switched to fail at once or to hang, like a database that is down
-/// or unreachable behind a dead network.
+/// Wraps a store, counts its allocations, and can be switched to fail at once or to hang, like
+/// a database that is down or unreachable behind a dead network.
 pub struct FlakyStore {
     pub inner: Arc<dyn SegmentStore>,
     pub mode: std::sync::atomic::AtomicU8,
+    allocations: AtomicU64,
 }
 
 impl FlakyStore {
@@ -235,7 +188,13 @@ impl FlakyStore {
         Arc::new(FlakyStore {
             inner,
             mode: std::sync::atomic::AtomicU8::new(STORE_OK),
+            allocations: AtomicU64::new(0),
         })
+    }
+
+    /// Calls of `allocate` so far (failed ones included).
+    pub fn allocations(&self) -> u64 {
+        self.allocations.load(Ordering::SeqCst)
     }
 
     pub fn set(&self, mode: u8) {
@@ -257,6 +216,7 @@ impl FlakyStore {
 #[async_trait]
 impl SegmentStore for FlakyStore {
     async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+        self.allocations.fetch_add(1, Ordering::SeqCst);
         self.gate().await?;
         self.inner.allocate(tag, step).await
     }
