@@ -51,8 +51,11 @@ pub struct ServerConfig {
     /// Close a connection that has not read its replies for this many seconds (it pipelines
     /// without reading); 0 waits for ever. Memory stays bounded either way.
     pub write_timeout_secs: u64,
-    /// When set, clients must AUTH (or HELLO … AUTH) before any other command.
+    /// When set, clients must AUTH (or HELLO … AUTH) before any other command; it is the
+    /// password of the `default` user, who may run admin commands.
     pub requirepass: Option<String>,
+    /// Further users (`[[server.users]]`); only those with `admin = true` may run LEAF.TAG.
+    pub users: Vec<UserConfig>,
     /// Largest block one `INCRBY segment:<tag> <n>` may take.
     pub max_incrby: i64,
     pub max_inline_len: usize,
@@ -70,6 +73,7 @@ impl Default for ServerConfig {
             idle_timeout_secs: 0,
             write_timeout_secs: 30,
             requirepass: None,
+            users: Vec::new(),
             max_incrby: 100_000,
             max_inline_len: limits.max_inline_len,
             max_bulk_len: limits.max_bulk_len,
@@ -79,7 +83,33 @@ impl Default for ServerConfig {
     }
 }
 
+/// A user that can AUTH with a name and password.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub name: String,
+    pub password: String,
+    /// May run administrative commands (LEAF.TAG CREATE/STEP).
+    #[serde(default)]
+    pub admin: bool,
+}
+
+impl fmt::Debug for UserConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserConfig")
+            .field("name", &self.name)
+            .field("password", &"<redacted>")
+            .field("admin", &self.admin)
+            .finish()
+    }
+}
+
 impl ServerConfig {
+    /// True when clients must authenticate: a `requirepass` or any user is configured.
+    pub fn auth_required(&self) -> bool {
+        self.requirepass.is_some() || !self.users.is_empty()
+    }
+
     pub fn request_limits(&self) -> RequestLimits {
         RequestLimits {
             max_inline_len: self.max_inline_len,
@@ -101,6 +131,7 @@ impl fmt::Debug for ServerConfig {
                 "requirepass",
                 &self.requirepass.as_ref().map(|_| "<redacted>"),
             )
+            .field("users", &self.users)
             .field("max_incrby", &self.max_incrby)
             .field("limits", &self.request_limits())
             .finish()
@@ -392,6 +423,16 @@ impl Config {
                 "http.bind '{}' is not an ip:port address",
                 self.http.bind
             ));
+        }
+        if self
+            .server
+            .users
+            .iter()
+            .any(|u| u.name.is_empty() || u.name == "default")
+        {
+            return invalid(
+                "server.users: a name must be non-empty and not 'default' (use requirepass)".into(),
+            );
         }
         if self.server.max_clients == 0 {
             return invalid("server.max_clients must be at least 1".into());

@@ -208,6 +208,52 @@ async fn requirepass_gates_every_command_until_auth() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_authenticate_and_only_admins_manage_tags() {
+    let config = Config::from_toml(
+        "[server]\nrequirepass = \"rootpw\"\n\
+         [[server.users]]\nname = \"app\"\npassword = \"apppw\"\n\
+         [[server.users]]\nname = \"ops\"\npassword = \"opspw\"\nadmin = true\n",
+    )
+    .unwrap();
+    config.validate().unwrap();
+    let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await;
+    let mut app = server.raw().await;
+    assert_eq!(
+        app.send(&resp(&[b"AUTH", b"app", b"opspw"]), 1).await,
+        "-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+        "one user's password does not open another user"
+    );
+    assert_eq!(
+        app.send(&resp(&[b"AUTH", b"app", b"apppw"]), 1).await,
+        "+OK\r\n"
+    );
+    assert_eq!(
+        app.send(&resp(&[b"LEAF.TAG", b"CREATE", b"t", b"10"]), 1)
+            .await,
+        "-NOPERM this user has no permissions to run the 'leaf.tag' command\r\n"
+    );
+    let mut ops = server.raw().await;
+    let hello = ops
+        .send(&resp(&[b"HELLO", b"2", b"AUTH", b"ops", b"opspw"]), 15)
+        .await;
+    assert!(hello.starts_with("*14\r\n"), "{hello}");
+    assert_eq!(
+        ops.send(&resp(&[b"LEAF.TAG", b"CREATE", b"t", b"10"]), 1)
+            .await,
+        "+OK\r\n"
+    );
+    assert_eq!(app.send(&resp(&[b"INCR", b"segment:t"]), 1).await, ":1\r\n");
+    let mut root = server.raw().await;
+    assert_eq!(root.send(&resp(&[b"AUTH", b"rootpw"]), 1).await, "+OK\r\n");
+    assert_eq!(
+        root.send(&resp(&[b"LEAF.TAG", b"STEP", b"t", b"20"]), 1)
+            .await,
+        "+OK\r\n"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_beyond_max_clients_are_refused_with_an_error() {
     let mut config = Config::default();
     config.server.max_clients = 2;

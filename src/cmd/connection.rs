@@ -31,22 +31,33 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Checks a username/password pair; only the `default` user exists for now.
-fn check_credentials(app: &App, user: &[u8], pass: &[u8]) -> Result<(), Reply> {
-    let Some(expected) = app.config.server.requirepass.as_deref() else {
+/// Checks a username/password pair and returns whether the user is an admin. The `default`
+/// user's password is `requirepass`; other users come from `[[server.users]]`. Every configured
+/// password is compared, so the time taken does not tell which user exists.
+fn check_credentials(app: &App, user: &[u8], pass: &[u8]) -> Result<bool, Reply> {
+    let server = &app.config.server;
+    if !server.auth_required() {
         return Err(Reply::error(
             "ERR AUTH <password> called without any password configured for the default user. \
              Are you sure your configuration is correct?",
         ));
-    };
-    let user_ok = user.eq_ignore_ascii_case(b"default");
-    if constant_time_eq(pass, expected.as_bytes()) && user_ok {
-        Ok(())
-    } else {
-        Err(Reply::error(
-            "WRONGPASS invalid username-password pair or user is disabled.",
-        ))
     }
+    let mut admin = None;
+    if let Some(expected) = server.requirepass.as_deref() {
+        let matches = constant_time_eq(pass, expected.as_bytes());
+        if matches && user.eq_ignore_ascii_case(b"default") {
+            admin = Some(true);
+        }
+    }
+    for configured in &server.users {
+        let matches = constant_time_eq(pass, configured.password.as_bytes());
+        if matches && user == configured.name.as_bytes() {
+            admin = Some(configured.admin);
+        }
+    }
+    admin.ok_or_else(|| {
+        Reply::error("WRONGPASS invalid username-password pair or user is disabled.")
+    })
 }
 
 /// `AUTH <password>` or `AUTH <username> <password>`.
@@ -57,8 +68,9 @@ pub fn auth(args: &[Bytes], app: &Arc<App>, session: &mut Session) -> Reply {
         _ => return wrong_arity("auth"),
     };
     match result {
-        Ok(()) => {
+        Ok(admin) => {
             session.authenticated = true;
+            session.admin = admin;
             Reply::ok()
         }
         Err(reply) => reply,
@@ -83,8 +95,9 @@ pub fn hello(args: &[Bytes], app: &Arc<App>, session: &mut Session) -> Reply {
     while i < args.len() {
         let option = &args[i];
         if option.eq_ignore_ascii_case(b"auth") && i + 2 < args.len() {
-            if let Err(reply) = check_credentials(app, &args[i + 1], &args[i + 2]) {
-                return reply;
+            match check_credentials(app, &args[i + 1], &args[i + 2]) {
+                Ok(admin) => session.admin = admin,
+                Err(reply) => return reply,
             }
             session.authenticated = true;
             i += 3;
@@ -208,7 +221,8 @@ pub fn select(args: &[Bytes]) -> Reply {
 pub fn reset(app: &Arc<App>, session: &mut Session) -> Reply {
     session.protocol = RespVersion::Resp2;
     session.name = None;
-    session.authenticated = app.config.server.requirepass.is_none();
+    session.authenticated = !app.config.server.auth_required();
+    session.admin = session.authenticated;
     Reply::Simple("RESET".into())
 }
 

@@ -24,6 +24,8 @@ pub struct Session {
     pub addr: String,
     pub protocol: RespVersion,
     pub authenticated: bool,
+    /// May run admin commands: true without authentication configured, else per user.
+    pub admin: bool,
     pub name: Option<Bytes>,
     pub lib_name: Option<Bytes>,
     pub lib_ver: Option<Bytes>,
@@ -39,6 +41,7 @@ impl Session {
             addr,
             protocol: RespVersion::Resp2,
             authenticated: !auth_required,
+            admin: !auth_required,
             name: None,
             lib_name: None,
             lib_ver: None,
@@ -122,6 +125,9 @@ async fn run(
         "time" => server::time(),
         "config" => server::config(args, app),
         "leaf.tags" => admin::tags(app),
+        "leaf.tag" if !session.admin => {
+            Reply::error("NOPERM this user has no permissions to run the 'leaf.tag' command")
+        }
         "leaf.tag" => admin::tag(args, app).await,
         _ => unknown_command(args),
     }

@@ -65,7 +65,7 @@ pub async fn serve(
     let mut session = Session::new(
         app.next_client_id(),
         peer.to_string(),
-        server.requirepass.is_some(),
+        server.auth_required(),
     );
     // Buffers are allocated when data arrives and released whenever they are empty, so an idle
     // connection holds no buffer memory (10,000 idle clients would otherwise pin 80 MB).
