@@ -367,3 +367,87 @@ mod tests {
         assert_eq!(rest, 0);
     }
 }
+
+#[cfg(test)]
+mod robustness {
+    //! Randomised inputs for the decoder: mutations of valid frames and random bytes, fed in
+    //! random chunk sizes. The decoder must never panic, must make progress or ask for more,
+    //! and must never leave more than `max_request_len` bytes of an incomplete request buffered.
+
+    use super::*;
+
+    fn valid_frames() -> Vec<Vec<u8>> {
+        vec![
+            b"*2\r\n$4\r\nINCR\r\n$13\r\nsegment:order\r\n".to_vec(),
+            b"*3\r\n$6\r\nINCRBY\r\n$9\r\nsegment:x\r\n$3\r\n100\r\n".to_vec(),
+            b"*1\r\n$9\r\nSNOWFLAKE\r\n".to_vec(),
+            b"PING\r\n".to_vec(),
+            b"*5\r\n$5\r\nHELLO\r\n$1\r\n3\r\n$4\r\nAUTH\r\n$1\r\na\r\n$1\r\nb\r\n".to_vec(),
+        ]
+    }
+
+    fn mutate(rng: &mut fastrand::Rng, frame: &mut Vec<u8>) {
+        for _ in 0..rng.usize(1..4) {
+            if frame.is_empty() {
+                frame.push(rng.u8(..));
+                continue;
+            }
+            let at = rng.usize(..frame.len());
+            match rng.u8(0..5) {
+                0 => frame[at] = rng.u8(..),
+                1 => frame[at] = *b"*$:+-\r\n0123456789".get(rng.usize(..17)).unwrap(),
+                2 => {
+                    frame.remove(at);
+                }
+                3 => frame.insert(at, rng.u8(..)),
+                _ => frame.truncate(at),
+            }
+        }
+    }
+
+    #[test]
+    fn random_and_mutated_input_never_panics_or_grows_unbounded() {
+        let limits = RequestLimits {
+            max_request_len: 64 * 1024,
+            ..RequestLimits::default()
+        };
+        let decoder = RequestDecoder::new(limits);
+        let mut rng = fastrand::Rng::with_seed(0x1eaf);
+        let frames = valid_frames();
+        for _ in 0..20_000 {
+            let mut input = Vec::new();
+            for _ in 0..rng.usize(1..6) {
+                let mut frame = if rng.u8(0..10) == 0 {
+                    (0..rng.usize(0..64)).map(|_| rng.u8(..)).collect()
+                } else {
+                    frames[rng.usize(..frames.len())].clone()
+                };
+                if rng.bool() {
+                    mutate(&mut rng, &mut frame);
+                }
+                input.extend(frame);
+            }
+            let mut buf = BytesMut::new();
+            let mut offset = 0;
+            'feed: while offset < input.len() {
+                let chunk = rng.usize(1..=16).min(input.len() - offset);
+                buf.extend_from_slice(&input[offset..offset + chunk]);
+                offset += chunk;
+                loop {
+                    let before = buf.len();
+                    match decoder.decode(&mut buf) {
+                        Ok(Some(args)) => {
+                            assert!(!args.is_empty());
+                            assert!(buf.len() < before, "a decoded command consumes input");
+                        }
+                        Ok(None) => {
+                            assert!(buf.len() <= limits.max_request_len + 16);
+                            break;
+                        }
+                        Err(_) => break 'feed, // the connection would close here
+                    }
+                }
+            }
+        }
+    }
+}
