@@ -62,19 +62,24 @@ fn segment(c: &mut Criterion) {
         b.iter(|| ready(engine.next_ids("bench", 1)).unwrap())
     });
 
-    // What cmd::execute adds per command: one clock read (the previous command's end is this
-    // one's start), a counter and a histogram record.
+    // What a pipelined connection adds per command: one clock read (the previous command's end
+    // is this one's start) and a note in the batch, flushed to the shared histogram per 32.
     let recorded = Arc::new(Metrics::new(&names));
     let engine = segment_engine(&rt, recorded.clone());
     let mut started = Instant::now();
+    let mut batch = leafd::metrics::BatchMetrics::default();
+    let mut in_batch = 0;
     c.bench_function("segment/next_id+command_metrics", |b| {
         b.iter(|| {
             let id = ready(engine.next_ids("bench", 1)).unwrap();
             let finished = Instant::now();
-            if let Some(metrics) = recorded.command(0) {
-                metrics.record(false, finished.saturating_duration_since(started));
-            }
+            batch.record(0, false, finished.saturating_duration_since(started));
             started = finished;
+            in_batch += 1;
+            if in_batch == 32 {
+                batch.flush(&recorded);
+                in_batch = 0;
+            }
             id
         })
     });

@@ -165,6 +165,66 @@ impl LatencyHistogram {
     }
 }
 
+/// Command executions of one pipelined batch, summed per (command, bucket) on the connection
+/// and added to the shared histograms once per batch: a batch of 32 INCRs costs two or three
+/// atomic additions instead of 64, and the shared cache lines are touched once.
+#[derive(Default)]
+pub struct BatchMetrics {
+    slots: Vec<BatchSlot>,
+}
+
+struct BatchSlot {
+    command: usize,
+    bucket: usize,
+    count: u64,
+    errors: u64,
+    sum_nanos: u64,
+}
+
+impl BatchMetrics {
+    /// Notes one execution of the command at `command` (an index for [`Metrics::command`]).
+    pub fn record(&mut self, command: usize, failed: bool, elapsed: Duration) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BOUNDS_NANOS.partition_point(|&bound| bound < nanos);
+        let slot = match self
+            .slots
+            .iter_mut()
+            .position(|s| s.command == command && s.bucket == bucket)
+        {
+            Some(i) => &mut self.slots[i],
+            None => {
+                self.slots.push(BatchSlot {
+                    command,
+                    bucket,
+                    count: 0,
+                    errors: 0,
+                    sum_nanos: 0,
+                });
+                self.slots.last_mut().expect("just pushed")
+            }
+        };
+        slot.count += 1;
+        slot.errors += u64::from(failed);
+        slot.sum_nanos = slot.sum_nanos.saturating_add(nanos);
+    }
+
+    /// Adds the batch to the shared metrics and empties it.
+    pub fn flush(&mut self, metrics: &Metrics) {
+        for slot in self.slots.drain(..) {
+            if let Some(command) = metrics.command(slot.command) {
+                command.duration.buckets[slot.bucket].fetch_add(slot.count, Ordering::Relaxed);
+                command
+                    .duration
+                    .sum_nanos
+                    .fetch_add(slot.sum_nanos, Ordering::Relaxed);
+                if slot.errors > 0 {
+                    command.errors.fetch_add(slot.errors, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
 /// The metrics of one command name. `leafd_commands_total` is derived at scrape time: the
 /// histogram counts every execution, and only the (rare) errors have their own counter.
 #[derive(Default)]
@@ -174,15 +234,6 @@ pub struct CommandMetrics {
 }
 
 impl CommandMetrics {
-    /// Records one execution: two relaxed atomic additions (three for an error), no lookup,
-    /// no allocation.
-    pub fn record(&self, failed: bool, elapsed: Duration) {
-        if failed {
-            self.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        self.duration.record(elapsed);
-    }
-
     fn count(&self) -> u64 {
         self.duration
             .buckets
@@ -242,6 +293,11 @@ impl Metrics {
             .map(|_| CommandMetrics::default())
             .collect();
         metrics
+    }
+
+    /// False for [`Metrics::disabled`]: callers then skip even the clock reads.
+    pub fn enabled(&self) -> bool {
+        !self.commands.is_empty()
     }
 
     /// Metrics that record nothing (no HTTP listener to scrape them, or benchmarks without).

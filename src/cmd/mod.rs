@@ -15,6 +15,7 @@ use bytes::Bytes;
 
 use crate::app::App;
 use crate::engine::segment::SegmentError;
+use crate::metrics::BatchMetrics;
 use crate::protocol::{Reply, RespVersion};
 
 /// Per-connection state that commands read and change.
@@ -51,31 +52,31 @@ impl Session {
     }
 }
 
-/// Runs one command, records its metrics and returns its reply with the time it finished.
-/// `started` is when work on this command began (for a pipelined batch, when the previous
-/// command finished), so timing costs one clock read per command. Never fails: every problem
-/// is an error reply.
+/// Runs one command, notes its metrics in the connection's `batch` and returns its reply with
+/// the time it finished. `started` is when work on this command began (for a pipelined batch,
+/// when the previous command finished), so timing costs one clock read per command. Never
+/// fails: every problem is an error reply.
 pub async fn execute(
     app: &Arc<App>,
     session: &mut Session,
     args: Vec<Bytes>,
     started: Instant,
+    batch: &mut BatchMetrics,
 ) -> (Reply, Instant) {
     let (index, reply) = match args.first().and_then(|name| table::lookup_indexed(name)) {
         Some((index, spec)) => (index, run(spec, app, session, &args).await),
         None => (usize::MAX, unknown_command(&args)),
     };
-    match app.metrics.command(index) {
-        Some(metrics) => {
-            let finished = Instant::now();
-            metrics.record(
-                reply.is_error(),
-                finished.saturating_duration_since(started),
-            );
-            (reply, finished)
-        }
-        None => (reply, started),
+    if !app.metrics.enabled() {
+        return (reply, started);
     }
+    let finished = Instant::now();
+    batch.record(
+        index,
+        reply.is_error(),
+        finished.saturating_duration_since(started),
+    );
+    (reply, finished)
 }
 
 async fn run(

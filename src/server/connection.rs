@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
 use crate::cmd::{self, Session};
+use crate::metrics::BatchMetrics;
 use crate::protocol::{Reply, RequestDecoder};
 
 /// Bytes reserved for each read from the socket.
@@ -74,6 +75,7 @@ pub async fn serve(
     // The idle timeout counts from the last complete command, not the last byte, so a client
     // trickling a partial frame (slowloris) is closed like a silent one.
     let mut last_command = tokio::time::Instant::now();
+    let mut batch = BatchMetrics::default();
     loop {
         // Run every complete command already received; replies keep their order.
         let mut started = Instant::now();
@@ -83,7 +85,8 @@ pub async fn serve(
             match decoder.decode(&mut input) {
                 Ok(Some(args)) => {
                     executed += 1;
-                    let (reply, finished) = cmd::execute(app, &mut session, args, started).await;
+                    let (reply, finished) =
+                        cmd::execute(app, &mut session, args, started, &mut batch).await;
                     started = finished;
                     reply.encode(session.protocol, &mut output);
                     if session.closing {
@@ -106,7 +109,8 @@ pub async fn serve(
                 }
             }
         }
-        // One shared-counter update per batch, not per command.
+        // Shared counters are updated once per batch, not per command.
+        batch.flush(&app.metrics);
         if executed > 0 {
             app.stats
                 .total_commands
