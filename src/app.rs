@@ -52,6 +52,7 @@ pub struct App {
     storage_ready: AtomicBool,
     next_client_id: AtomicU64,
     local_port: AtomicU16,
+    tls_port: AtomicU16,
     background: CancellationToken,
 }
 
@@ -136,6 +137,7 @@ impl App {
             storage_ready: AtomicBool::new(false),
             next_client_id: AtomicU64::new(1),
             local_port: AtomicU16::new(0),
+            tls_port: AtomicU16::new(0),
             background,
         })
     }
@@ -272,6 +274,15 @@ impl App {
 
     pub(crate) fn set_local_port(&self, port: u16) {
         self.local_port.store(port, Ordering::Relaxed);
+    }
+
+    /// The port of the RESP-over-TLS listener (0 when there is none).
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_tls_port(&self, port: u16) {
+        self.tls_port.store(port, Ordering::Relaxed);
     }
 
     /// Stops background tasks, leaves ZooKeeper and closes the database pool.

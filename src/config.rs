@@ -18,6 +18,50 @@ pub struct Config {
     pub segment: SegmentConfig,
     pub snowflake: SnowflakeConfig,
     pub http: HttpConfig,
+    pub tls: TlsConfig,
+}
+
+/// TLS (rustls) for the RESP and HTTP listeners, from PEM files. Off unless `bind` or `http`
+/// asks for it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Address of a RESP-over-TLS listener (Redis' `tls-port`), beside the plain one.
+    pub bind: Option<String>,
+    /// Serve the HTTP listener over TLS (HTTPS) with the same certificate.
+    pub http: bool,
+    /// The server's certificate chain, leaf first (PEM).
+    pub cert_file: Option<String>,
+    /// The server's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<String>,
+    /// When set, clients must present a certificate signed by one of these CAs (mutual TLS).
+    pub client_ca_file: Option<String>,
+    /// A client that has not finished its TLS handshake within this many ms is dropped.
+    pub handshake_timeout_ms: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        Self {
+            bind: None,
+            http: false,
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            handshake_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl TlsConfig {
+    /// True when some listener serves TLS.
+    pub fn enabled(&self) -> bool {
+        self.bind.is_some() || self.http
+    }
+
+    pub fn handshake_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.handshake_timeout_ms)
+    }
 }
 
 /// The HTTP listener: `/metrics`, `/health`, `/ready` and Leaf's HTTP API.
@@ -423,6 +467,22 @@ impl Config {
                 "http.bind '{}' is not an ip:port address",
                 self.http.bind
             ));
+        }
+        if let Some(bind) = &self.tls.bind {
+            if bind.parse::<SocketAddr>().is_err() {
+                return invalid(format!("tls.bind '{bind}' is not an ip:port address"));
+            }
+        }
+        if self.tls.enabled() {
+            if self.tls.cert_file.is_none() || self.tls.key_file.is_none() {
+                return invalid("tls: cert_file and key_file are required for TLS".into());
+            }
+            if self.tls.handshake_timeout_ms == 0 {
+                return invalid("tls.handshake_timeout_ms must be > 0".into());
+            }
+        }
+        if self.tls.http && !self.http.enabled {
+            return invalid("tls.http = true needs http.enabled = true".into());
         }
         if self
             .server

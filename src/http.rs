@@ -10,20 +10,25 @@ use axum::http::header::{ACCEPT, CONTENT_TYPE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::Listener;
 use axum::{Json, Router};
 use serde_json::json;
-use tokio::net::TcpListener;
 
 use crate::app::App;
 use crate::engine::segment::{Segment, SegmentError};
 use crate::engine::snowflake::SnowflakeError;
 
-/// Serves HTTP on `listener` until `shutdown` completes.
-pub async fn run(
-    listener: TcpListener,
+/// Serves HTTP on `listener` (a `TcpListener`, or a [`crate::tls::HttpsListener`]) until
+/// `shutdown` completes.
+pub async fn run<L>(
+    listener: L,
     app: Arc<App>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    L: Listener,
+    L::Addr: std::fmt::Debug,
+{
     axum::serve(listener, router(app))
         .with_graceful_shutdown(shutdown)
         .await

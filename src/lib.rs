@@ -7,9 +7,12 @@
 //! - [`engine::segment`]: the double-buffered, database-backed segment allocator.
 //! - [`storage`]: the [`storage::SegmentStore`] trait and its database implementations.
 //! - [`server`]: the listener, per-connection loop and graceful shutdown.
+//! - [`auth`]: users, passwords and roles shared by RESP and HTTP.
+//! - [`tls`]: rustls configuration from PEM files for the RESP and HTTP listeners.
 //! - [`app`]: wiring of config, storage and engines into one shared application state.
 
 pub mod app;
+pub mod auth;
 pub mod cmd;
 pub mod config;
 pub mod coord;
@@ -19,3 +22,4 @@ pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod storage;
+pub mod tls;

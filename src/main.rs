@@ -139,15 +139,33 @@ async fn main() -> anyhow::Result<()> {
         }
         Some(Command::Serve) | None => {}
     }
-    let listener = TcpListener::bind(&config.server.bind)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.server.bind))?;
+    let listen = |addr: String| async move {
+        TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))
+    };
+    let handshake_timeout = config.tls.handshake_timeout();
+    let mut listeners = leafd::server::Listeners {
+        plain: Some(listen(config.server.bind.clone()).await?),
+        tls: None,
+    };
+    if let Some(bind) = &config.tls.bind {
+        let acceptor = match leafd::tls::acceptor(&config.tls, &[]) {
+            Ok(acceptor) => acceptor,
+            Err(e) => exit_with("cannot set up TLS", &e),
+        };
+        listeners.tls = Some((listen(bind.clone()).await?, acceptor, handshake_timeout));
+    }
+    let https = if config.tls.http {
+        match leafd::tls::acceptor(&config.tls, &[b"http/1.1"]) {
+            Ok(acceptor) => Some(acceptor),
+            Err(e) => exit_with("cannot set up TLS", &e),
+        }
+    } else {
+        None
+    };
     let http_listener = if config.http.enabled {
-        Some(
-            TcpListener::bind(&config.http.bind)
-                .await
-                .with_context(|| format!("cannot listen on {}", config.http.bind))?,
-        )
+        Some(listen(config.http.bind.clone()).await?)
     } else {
         None
     };
@@ -160,9 +178,15 @@ async fn main() -> anyhow::Result<()> {
         .as_ref()
         .and_then(|l| l.local_addr().ok())
         .map_or("off".to_string(), |a| a.to_string());
+    let resp_addr = |l: Option<&TcpListener>| {
+        l.and_then(|l| l.local_addr().ok())
+            .map_or("off".to_string(), |a| a.to_string())
+    };
     tracing::info!(
-        resp = %listener.local_addr()?,
+        resp = %resp_addr(listeners.plain.as_ref()),
+        resp_tls = %resp_addr(listeners.tls.as_ref().map(|(l, ..)| l)),
         http = %http_addr,
+        https = https.is_some(),
         storage = %storage_url,
         backend = app.segments.store().backend(),
         tags = app.segments.tag_count(),
@@ -172,15 +196,17 @@ async fn main() -> anyhow::Result<()> {
     );
     let stop = tokio_util::sync::CancellationToken::new();
     let http = http_listener.map(|l| {
-        let stop = stop.clone();
-        tokio::spawn(leafd::http::run(l, app.clone(), async move {
-            stop.cancelled().await
-        }))
+        let stopped = stop.clone().cancelled_owned();
+        match https {
+            Some(acceptor) => tokio::spawn(leafd::http::run(
+                leafd::tls::HttpsListener::new(l, acceptor, handshake_timeout),
+                app.clone(),
+                stopped,
+            )),
+            None => tokio::spawn(leafd::http::run(l, app.clone(), stopped)),
+        }
     });
-    let resp = {
-        let stop = stop.clone();
-        leafd::server::run(listener, app.clone(), async move { stop.cancelled().await })
-    };
+    let resp = leafd::server::run_listeners(listeners, app.clone(), stop.clone().cancelled_owned());
     tokio::pin!(resp);
     tokio::select! {
         result = &mut resp => result?,

@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use super::{lossy, not_an_integer, parse_i64, wrong_arity, Session};
 use crate::app::App;
+use crate::auth::{self, Role};
 use crate::protocol::{Reply, RespVersion};
 
 /// The Redis version leafd reports, so clients enable the RESP3/HELLO features it implements.
@@ -20,20 +21,7 @@ pub fn ping(args: &[Bytes], _session: &Session) -> Reply {
     }
 }
 
-/// Compares secrets in time that depends only on their lengths, not on where they differ.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() ^ b.len()) as u64;
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= u64::from(x ^ y);
-    }
-    diff == 0
-}
-
-/// Checks a username/password pair and returns whether the user is an admin. The `default`
-/// user's password is `requirepass`; other users come from `[[server.users]]`. Every configured
-/// password is compared, so the time taken does not tell which user exists.
+/// Checks a username/password pair and returns whether the user is an admin.
 fn check_credentials(app: &App, user: &[u8], pass: &[u8]) -> Result<bool, Reply> {
     let server = &app.config.server;
     if !server.auth_required() {
@@ -42,22 +30,12 @@ fn check_credentials(app: &App, user: &[u8], pass: &[u8]) -> Result<bool, Reply>
              Are you sure your configuration is correct?",
         ));
     }
-    let mut admin = None;
-    if let Some(expected) = server.requirepass.as_deref() {
-        let matches = constant_time_eq(pass, expected.as_bytes());
-        if matches && user.eq_ignore_ascii_case(b"default") {
-            admin = Some(true);
-        }
+    match auth::authenticate(server, user, pass) {
+        Some(role) => Ok(role == Role::Admin),
+        None => Err(Reply::error(
+            "WRONGPASS invalid username-password pair or user is disabled.",
+        )),
     }
-    for configured in &server.users {
-        let matches = constant_time_eq(pass, configured.password.as_bytes());
-        if matches && user == configured.name.as_bytes() {
-            admin = Some(configured.admin);
-        }
-    }
-    admin.ok_or_else(|| {
-        Reply::error("WRONGPASS invalid username-password pair or user is disabled.")
-    })
 }
 
 /// `AUTH <password>` or `AUTH <username> <password>`.
@@ -224,17 +202,4 @@ pub fn reset(app: &Arc<App>, session: &mut Session) -> Reply {
     session.authenticated = !app.config.server.auth_required();
     session.admin = session.authenticated;
     Reply::Simple("RESET".into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::constant_time_eq;
-
-    #[test]
-    fn constant_time_eq_compares_whole_secrets() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
-    }
 }

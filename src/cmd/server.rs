@@ -102,12 +102,13 @@ pub fn info(args: &[Bytes], app: &Arc<App>) -> Reply {
             out,
             "# Server\r\nredis_version:{REDIS_COMPAT_VERSION}\r\nleafd_version:{}\r\n\
              redis_mode:standalone\r\nos:{} {}\r\narch_bits:64\r\nprocess_id:{}\r\n\
-             tcp_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n\r\n",
+             tcp_port:{}\r\ntls_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n\r\n",
             env!("CARGO_PKG_VERSION"),
             std::env::consts::OS,
             std::env::consts::ARCH,
             std::process::id(),
             app.local_port(),
+            app.tls_port(),
             uptime / 86_400,
         );
     }
@@ -217,11 +218,12 @@ pub fn config(args: &[Bytes], app: &Arc<App>) -> Reply {
         return wrong_arity("config|get");
     }
     let server = &app.config.server;
-    let params: [(&str, String); 8] = [
+    let params: [(&str, String); 9] = [
         ("maxclients", server.max_clients.to_string()),
         ("timeout", server.idle_timeout_secs.to_string()),
         ("databases", "1".into()),
         ("port", app.local_port().to_string()),
+        ("tls-port", app.tls_port().to_string()),
         ("save", String::new()),
         ("appendonly", "no".into()),
         ("proto-max-bulk-len", server.max_bulk_len.to_string()),

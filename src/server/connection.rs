@@ -1,14 +1,16 @@
-//! One client connection: read what arrived, run every complete command in order, write all
-//! their replies with one socket write, repeat. A frame that cannot be parsed ends it.
+//! One client connection (plain TCP or TLS): read what arrived, run every complete command in
+//! order, write all their replies with one socket write, repeat. A bad frame ends it.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
@@ -23,9 +25,42 @@ const READ_CHUNK: usize = 4096;
 /// output buffer without bound.
 const FLUSH_THRESHOLD: usize = 64 * 1024;
 
+/// A client socket the connection loop can serve.
+pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send {
+    /// Waits for input and appends it to `input`: `Ok(Some(0))` at end of stream, `Ok(None)`
+    /// when a wake-up brought nothing (readiness can be spurious).
+    fn read_into(
+        &mut self,
+        input: &mut BytesMut,
+    ) -> impl Future<Output = std::io::Result<Option<usize>>> + Send;
+}
+
+impl ClientStream for TcpStream {
+    /// Reserves buffer space only once data is readable, so an idle plain connection holds no
+    /// input buffer.
+    async fn read_into(&mut self, input: &mut BytesMut) -> std::io::Result<Option<usize>> {
+        self.readable().await?;
+        input.reserve(READ_CHUNK);
+        match self.try_read_buf(input) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+            Ok(n) => Ok(Some(n)),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl ClientStream for TlsStream<TcpStream> {
+    /// A TLS stream has no readiness to wait on without reading, so it keeps a read buffer
+    /// while idle (rustls holds its own record buffers anyway).
+    async fn read_into(&mut self, input: &mut BytesMut) -> std::io::Result<Option<usize>> {
+        input.reserve(READ_CHUNK);
+        self.read_buf(input).await.map(Some)
+    }
+}
+
 /// Writes `buf` out, giving up (and so closing the connection) when the client has not read
 /// its replies within `limit`: a client that pipelines without reading cannot hold the server.
-async fn write_out(stream: &mut TcpStream, buf: &[u8], limit: Option<Duration>) -> bool {
+async fn write_out(stream: &mut impl ClientStream, buf: &[u8], limit: Option<Duration>) -> bool {
     match limit {
         Some(limit) => matches!(
             tokio::time::timeout(limit, stream.write_all(buf)).await,
@@ -38,7 +73,7 @@ async fn write_out(stream: &mut TcpStream, buf: &[u8], limit: Option<Duration>) 
 /// Closes without losing replies: FIN after the last reply, then unread input is drained for a
 /// moment. Dropping a socket with unread input would send a reset, which can make the client's
 /// kernel discard replies it has received but the client has not read yet.
-async fn close_gracefully(mut stream: TcpStream) {
+pub(crate) async fn close_gracefully(mut stream: impl ClientStream) {
     let _ = stream.shutdown().await;
     let mut scratch = [0u8; 4096];
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
@@ -52,8 +87,8 @@ async fn close_gracefully(mut stream: TcpStream) {
     .await;
 }
 
-pub async fn serve(
-    mut stream: TcpStream,
+pub(crate) async fn serve(
+    mut stream: impl ClientStream,
     peer: SocketAddr,
     app: &Arc<App>,
     stop: CancellationToken,
@@ -129,16 +164,7 @@ pub async fn serve(
             input = BytesMut::new();
         }
         let read = async {
-            let wait = async {
-                stream.readable().await?;
-                input.reserve(READ_CHUNK);
-                match stream.try_read_buf(&mut input) {
-                    // Readiness can be spurious: report "no progress" and wait again.
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
-                    Ok(n) => Ok(Some(n)),
-                    Err(e) => Err(e),
-                }
-            };
+            let wait = stream.read_into(&mut input);
             match idle_timeout {
                 Some(limit) => tokio::time::timeout_at(last_command + limit, wait)
                     .await

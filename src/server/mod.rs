@@ -1,19 +1,32 @@
-//! The RESP listener: accepts connections up to `max_clients`, runs one task per connection,
-//! and on shutdown stops accepting, lets in-flight commands finish, then returns.
+//! The RESP listeners (plain and TLS): accept connections up to `max_clients`, one task each;
+//! on shutdown stop accepting, let in-flight commands finish, then return.
 
 mod connection;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::App;
+use crate::tls;
+use connection::ClientStream;
+
+/// The sockets leafd serves RESP on: plain TCP, TLS, or both. They share `max_clients`.
+#[derive(Default)]
+pub struct Listeners {
+    pub plain: Option<TcpListener>,
+    /// A listener whose clients speak TLS, with the acceptor and its handshake timeout.
+    pub tls: Option<(TcpListener, TlsAcceptor, Duration)>,
+}
 
 /// Serves RESP on `listener` until `shutdown` completes, then waits for open connections to
 /// finish the commands they already received.
@@ -22,51 +35,103 @@ pub async fn run(
     app: Arc<App>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    if let Ok(addr) = listener.local_addr() {
+    let listeners = Listeners {
+        plain: Some(listener),
+        tls: None,
+    };
+    run_listeners(listeners, app, shutdown).await
+}
+
+async fn accept_on(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// [`run`] on every listener in `listeners`.
+pub async fn run_listeners(
+    listeners: Listeners,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    if let Some(addr) = listeners.plain.as_ref().and_then(|l| l.local_addr().ok()) {
         app.set_local_port(addr.port());
+    }
+    if let Some(addr) = listeners
+        .tls
+        .as_ref()
+        .and_then(|(l, ..)| l.local_addr().ok())
+    {
+        app.set_tls_port(addr.port());
     }
     let limit = Arc::new(Semaphore::new(app.config.server.max_clients));
     let stop = CancellationToken::new();
     let connections = TaskTracker::new();
+    let tls_listener = listeners.tls.as_ref().map(|(l, ..)| l);
     tokio::pin!(shutdown);
     loop {
-        let (mut stream, peer) = tokio::select! {
+        let (accepted, tls) = tokio::select! {
             _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Typically EMFILE: back off briefly instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = accept_on(listeners.plain.as_ref()) => (accepted, None),
+            accepted = accept_on(tls_listener) => {
+                (accepted, listeners.tls.as_ref().map(|(_, a, t)| (a.clone(), *t)))
+            }
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Typically EMFILE: back off briefly instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         app.stats.total_connections.fetch_add(1, Ordering::Relaxed);
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
+        let _ = stream.set_nodelay(true);
+        let permit = limit.clone().try_acquire_owned().ok();
+        if permit.is_none() {
             app.stats
                 .rejected_connections
                 .fetch_add(1, Ordering::Relaxed);
-            connections.spawn(async move {
-                let _ = stream
-                    .write_all(b"-ERR max number of clients reached\r\n")
-                    .await;
-            });
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
+        }
         let app = app.clone();
         let stop = stop.clone();
         connections.spawn(async move {
-            app.stats.connected_clients.fetch_add(1, Ordering::Relaxed);
-            connection::serve(stream, peer, &app, stop).await;
-            app.stats.connected_clients.fetch_sub(1, Ordering::Relaxed);
-            drop(permit);
+            match tls {
+                None => serve_or_reject(stream, peer, &app, stop, permit).await,
+                Some((acceptor, limit)) => match tls::handshake(&acceptor, stream, limit).await {
+                    Ok(stream) => serve_or_reject(stream, peer, &app, stop, permit).await,
+                    Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                },
+            }
         });
     }
-    drop(listener);
+    drop(listeners);
     stop.cancel();
     connections.close();
     connections.wait().await;
     Ok(())
+}
+
+/// Serves a client that got a connection slot; one that did not is told so (over TLS too,
+/// after the handshake, so it can read the error) and closed.
+async fn serve_or_reject(
+    mut stream: impl ClientStream,
+    peer: SocketAddr,
+    app: &Arc<App>,
+    stop: CancellationToken,
+    permit: Option<OwnedSemaphorePermit>,
+) {
+    let Some(permit) = permit else {
+        let _ = stream
+            .write_all(b"-ERR max number of clients reached\r\n")
+            .await;
+        connection::close_gracefully(stream).await;
+        return;
+    };
+    app.stats.connected_clients.fetch_add(1, Ordering::Relaxed);
+    connection::serve(stream, peer, app, stop).await;
+    app.stats.connected_clients.fetch_sub(1, Ordering::Relaxed);
+    drop(permit);
 }
