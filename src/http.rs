@@ -1,20 +1,24 @@
-//! HTTP: Prometheus `/metrics`, `/health`, `/ready`, and Leaf's HTTP API
-//! (`/api/segment/get/{tag}`, `/api/snowflake/get/{key}`, `/decode/{id}`, `/cache`).
+//! HTTP: Prometheus `/metrics`, `/health`, `/ready` (always open), Leaf's HTTP API and the tag
+//! admin endpoints, behind the same users as RESP when authentication is configured.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use axum::extract::{Path, State};
-use axum::http::header::{ACCEPT, CONTENT_TYPE};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, patch, post};
 use axum::serve::Listener;
 use axum::{Json, Router};
+use base64::Engine as _;
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::App;
+use crate::auth::{self, Role};
 use crate::engine::segment::{Segment, SegmentError};
 use crate::engine::snowflake::SnowflakeError;
 
@@ -43,7 +47,138 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/snowflake/get/{key}", get(snowflake_id))
         .route("/decode/{id}", get(decode))
         .route("/cache", get(cache))
+        .route("/api/segment/tags", post(create_tag))
+        .route("/api/segment/tags/{tag}", patch(update_tag))
         .with_state(app)
+}
+
+/// A caller whose credentials were checked (or anyone, when no authentication is configured):
+/// `Authorization: Basic <user:password>` for any user, or `Bearer <requirepass>` for the
+/// default user.
+pub struct Caller(pub Role);
+
+/// A [`Caller`] with the admin role; others get 403.
+pub struct AdminCaller;
+
+fn unauthorized(message: &str) -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [
+            (WWW_AUTHENTICATE, "Basic realm=\"leafd\", charset=\"UTF-8\""),
+            (CONTENT_TYPE, "text/plain; charset=utf-8"),
+        ],
+        format!("{message}\n"),
+    )
+        .into_response()
+}
+
+/// The role the request's `Authorization` header proves; `Err` is the 401 to send.
+fn caller_role(app: &App, headers: &HeaderMap) -> Result<Role, Response> {
+    let server = &app.config.server;
+    if !server.auth_required() {
+        return Ok(Role::Admin);
+    }
+    let Some(value) = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
+        return Err(unauthorized("NOAUTH Authentication required."));
+    };
+    let (scheme, credentials) = value.trim().split_once(' ').unwrap_or((value, ""));
+    let credentials = credentials.trim();
+    let role = if scheme.eq_ignore_ascii_case("basic") {
+        base64::engine::general_purpose::STANDARD
+            .decode(credentials)
+            .ok()
+            .and_then(|pair| {
+                let colon = pair.iter().position(|&b| b == b':')?;
+                auth::authenticate(server, &pair[..colon], &pair[colon + 1..])
+            })
+    } else if scheme.eq_ignore_ascii_case("bearer") {
+        auth::authenticate(server, b"default", credentials.as_bytes())
+    } else {
+        None
+    };
+    role.ok_or_else(|| {
+        unauthorized("WRONGPASS invalid username-password pair or user is disabled.")
+    })
+}
+
+impl FromRequestParts<Arc<App>> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
+        caller_role(app, &parts.headers).map(Caller)
+    }
+}
+
+impl FromRequestParts<Arc<App>> for AdminCaller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
+        match caller_role(app, &parts.headers)? {
+            Role::Admin => Ok(AdminCaller),
+            Role::User => Err(text(
+                StatusCode::FORBIDDEN,
+                "NOPERM this user has no permissions to manage tags\n".into(),
+            )),
+        }
+    }
+}
+
+/// Body of `POST /api/segment/tags`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTag {
+    tag: String,
+    step: i64,
+    /// The first ID handed out (1 when left out).
+    #[serde(default = "first_id")]
+    start: i64,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+fn first_id() -> i64 {
+    1
+}
+
+/// Body of `PATCH /api/segment/tags/{tag}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TagChange {
+    step: i64,
+}
+
+/// `POST /api/segment/tags` (admin): LEAF.TAG CREATE over HTTP; 201, or 409 when it exists.
+async fn create_tag(
+    _: AdminCaller,
+    State(app): State<Arc<App>>,
+    Json(new): Json<NewTag>,
+) -> Response {
+    match app
+        .segments
+        .create_tag(&new.tag, new.step, new.start, new.description.as_deref())
+        .await
+    {
+        Ok(()) => (
+            StatusCode::CREATED,
+            Json(json!({ "tag": new.tag, "step": new.step, "start": new.start })),
+        )
+            .into_response(),
+        Err(e) => text(segment_status(&e), format!("{e}\n")),
+    }
+}
+
+/// `PATCH /api/segment/tags/{tag}` (admin): LEAF.TAG STEP over HTTP; the new step applies
+/// from the tag's next segment load.
+async fn update_tag(
+    _: AdminCaller,
+    State(app): State<Arc<App>>,
+    Path(tag): Path<String>,
+    Json(change): Json<TagChange>,
+) -> Response {
+    match app.segments.set_step(&tag, change.step).await {
+        Ok(()) => Json(json!({ "tag": tag, "step": change.step })).into_response(),
+        Err(e) => text(segment_status(&e), format!("{e}\n")),
+    }
 }
 
 fn text(status: StatusCode, body: String) -> Response {
@@ -76,12 +211,13 @@ fn segment_status(err: &SegmentError) -> StatusCode {
         SegmentError::Unavailable { .. } | SegmentError::Storage(_) => {
             StatusCode::SERVICE_UNAVAILABLE
         }
-        SegmentError::TagExists(_) | SegmentError::Invalid(_) => StatusCode::BAD_REQUEST,
+        SegmentError::TagExists(_) => StatusCode::CONFLICT,
+        SegmentError::Invalid(_) => StatusCode::BAD_REQUEST,
     }
 }
 
 /// Leaf's `GET /api/segment/get/{tag}`: the next ID as plain text.
-async fn segment_id(State(app): State<Arc<App>>, Path(tag): Path<String>) -> Response {
+async fn segment_id(_: Caller, State(app): State<Arc<App>>, Path(tag): Path<String>) -> Response {
     match app.segments.next_ids(&tag, 1).await {
         Ok(id) => text(StatusCode::OK, id.to_string()),
         Err(e) => text(segment_status(&e), format!("{e}\n")),
@@ -89,7 +225,11 @@ async fn segment_id(State(app): State<Arc<App>>, Path(tag): Path<String>) -> Res
 }
 
 /// Leaf's `GET /api/snowflake/get/{key}` (the key is ignored, as in Leaf).
-async fn snowflake_id(State(app): State<Arc<App>>, Path(_key): Path<String>) -> Response {
+async fn snowflake_id(
+    _: Caller,
+    State(app): State<Arc<App>>,
+    Path(_key): Path<String>,
+) -> Response {
     let Some(engine) = &app.snowflake else {
         return text(
             StatusCode::NOT_FOUND,
@@ -106,7 +246,7 @@ async fn snowflake_id(State(app): State<Arc<App>>, Path(_key): Path<String>) -> 
 }
 
 /// `GET /decode/{id}`: the fields of a snowflake ID as JSON.
-async fn decode(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+async fn decode(_: Caller, State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
     let layout = app.config.snowflake.layout();
     let Some(fields) = id.parse::<i64>().ok().and_then(|id| layout.decode(id)) else {
         return text(
@@ -160,7 +300,7 @@ fn escape_html(text: &str) -> String {
 }
 
 /// Leaf's monitor page: every tag's buffers, as HTML or (with `Accept: application/json`) JSON.
-async fn cache(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+async fn cache(_: Caller, State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let tags = app.segments.snapshot();
     let wants_json = headers
         .get(ACCEPT)

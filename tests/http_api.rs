@@ -127,3 +127,239 @@ async fn metrics_page_has_the_design_metrics() {
     }
     server.stop().await;
 }
+
+/// A request with optional credentials and JSON body; returns status, WWW-Authenticate, body.
+async fn call(
+    server: &TestServer,
+    method: reqwest::Method,
+    path: &str,
+    auth: Option<&str>,
+    body: Option<&str>,
+) -> (u16, Option<String>, String) {
+    let mut request = reqwest::Client::new().request(method, server.http_url(path));
+    if let Some(auth) = auth {
+        request = request.header("authorization", auth);
+    }
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let challenge = response
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, challenge, response.text().await.unwrap())
+}
+
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    let pair = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    format!("Basic {pair}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_follows_the_resp_users_and_roles() {
+    use reqwest::Method;
+    let config = Config::from_toml(
+        "[server]\nrequirepass = \"rootpw\"\n\
+         [[server.users]]\nname = \"orders\"\npassword = \"o-pw\"\n\
+         [[server.users]]\nname = \"ops\"\npassword = \"ops-pw\"\nadmin = true\n",
+    )
+    .unwrap();
+    let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await;
+    server
+        .app
+        .segments
+        .create_tag("web", 100, 1, None)
+        .await
+        .unwrap();
+    // Probes and scraping stay open.
+    for path in ["/health", "/ready", "/metrics"] {
+        assert_eq!(call(&server, Method::GET, path, None, None).await.0, 200);
+    }
+    // Everything else wants credentials.
+    for path in [
+        "/api/segment/get/web",
+        "/api/snowflake/get/x",
+        "/decode/1",
+        "/cache",
+    ] {
+        let (status, challenge, body) = call(&server, Method::GET, path, None, None).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (401, "NOAUTH Authentication required.\n"),
+            "{path}"
+        );
+        assert!(challenge.unwrap().starts_with("Basic realm=\"leafd\""));
+    }
+    let wrong = call(
+        &server,
+        Method::GET,
+        "/api/segment/get/web",
+        Some(&basic("orders", "ops-pw")),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (wrong.0, wrong.2.as_str()),
+        (
+            401,
+            "WRONGPASS invalid username-password pair or user is disabled.\n"
+        )
+    );
+    // Basic for any user, Bearer for the default user's requirepass only.
+    let get_id = |auth: String| {
+        let server = &server;
+        async move {
+            call(
+                server,
+                Method::GET,
+                "/api/segment/get/web",
+                Some(&auth),
+                None,
+            )
+            .await
+        }
+    };
+    assert_eq!(get_id(basic("orders", "o-pw")).await.2, "1");
+    assert_eq!(get_id(basic("default", "rootpw")).await.2, "2");
+    assert_eq!(get_id("Bearer rootpw".into()).await.2, "3");
+    assert_eq!(get_id("Bearer o-pw".into()).await.0, 401);
+    assert_eq!(get_id("Digest abc".into()).await.0, 401);
+    assert_eq!(get_id("Basic !!notbase64".into()).await.0, 401);
+
+    // Tag administration: admins only.
+    let new_tag = r#"{"tag": "invoices", "step": 50, "start": 500}"#;
+    let (status, _, body) = call(
+        &server,
+        Method::POST,
+        "/api/segment/tags",
+        Some(&basic("orders", "o-pw")),
+        Some(new_tag),
+    )
+    .await;
+    assert_eq!(
+        (status, body.as_str()),
+        (403, "NOPERM this user has no permissions to manage tags\n")
+    );
+    let ops = basic("ops", "ops-pw");
+    let (status, _, body) = call(
+        &server,
+        Method::POST,
+        "/api/segment/tags",
+        Some(&ops),
+        Some(new_tag),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let created: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        created,
+        serde_json::json!({"tag": "invoices", "step": 50, "start": 500})
+    );
+    assert_eq!(
+        call(
+            &server,
+            Method::POST,
+            "/api/segment/tags",
+            Some(&ops),
+            Some(new_tag)
+        )
+        .await,
+        (409, None, "tag 'invoices' already exists\n".to_string())
+    );
+    let (status, _, body) = call(
+        &server,
+        Method::POST,
+        "/api/segment/tags",
+        Some(&ops),
+        Some(r#"{"tag": "bad tag", "step": 5}"#),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("printable ASCII"), "{body}");
+    let (status, _, _) = call(
+        &server,
+        Method::POST,
+        "/api/segment/tags",
+        Some(&ops),
+        Some(r#"{"tag": "x", "step": "many"}"#),
+    )
+    .await;
+    assert_eq!(status, 422);
+    assert_eq!(
+        call(
+            &server,
+            Method::GET,
+            "/api/segment/get/invoices",
+            Some(&ops),
+            None
+        )
+        .await
+        .2,
+        "500"
+    );
+    // Step changes: admins only, unknown tags are 404.
+    let step = Some(r#"{"step": 7}"#);
+    assert_eq!(
+        call(
+            &server,
+            Method::PATCH,
+            "/api/segment/tags/invoices",
+            None,
+            step
+        )
+        .await
+        .0,
+        401
+    );
+    assert_eq!(
+        call(
+            &server,
+            Method::PATCH,
+            "/api/segment/tags/invoices",
+            Some(&ops),
+            step
+        )
+        .await,
+        (200, None, r#"{"step":7,"tag":"invoices"}"#.to_string())
+    );
+    assert_eq!(
+        call(
+            &server,
+            Method::PATCH,
+            "/api/segment/tags/nope",
+            Some(&ops),
+            step
+        )
+        .await,
+        (404, None, "unknown tag 'nope'\n".to_string())
+    );
+    // The new step is in the table; the engine applies it from the tag's next load.
+    let rows = server.app.segments.store().list().await.unwrap();
+    let invoices = rows.iter().find(|r| r.tag == "invoices").unwrap();
+    assert_eq!(invoices.step, 7);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_users_the_admin_endpoints_are_open_like_leaf_tag() {
+    let server = server().await;
+    let (status, _, body) = call(
+        &server,
+        reqwest::Method::POST,
+        "/api/segment/tags",
+        None,
+        Some(r#"{"tag": "open", "step": 10}"#),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        get(&server, "/api/segment/get/open", None).await,
+        (200, "1".into())
+    );
+    server.stop().await;
+}
