@@ -72,14 +72,17 @@ fn unauthorized(message: &str) -> Response {
         .into_response()
 }
 
-/// The role the request's `Authorization` header proves; `Err` is the 401 to send.
-fn caller_role(app: &App, headers: &HeaderMap) -> Result<Role, Response> {
+const NOAUTH: &str = "NOAUTH Authentication required.";
+const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+/// The role the request's `Authorization` header proves; `Err` is the 401 message.
+fn caller_role(app: &App, headers: &HeaderMap) -> Result<Role, &'static str> {
     let server = &app.config.server;
     if !server.auth_required() {
         return Ok(Role::Admin);
     }
     let Some(value) = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
-        return Err(unauthorized("NOAUTH Authentication required."));
+        return Err(NOAUTH);
     };
     let (scheme, credentials) = value.trim().split_once(' ').unwrap_or((value, ""));
     let credentials = credentials.trim();
@@ -105,7 +108,9 @@ impl FromRequestParts<Arc<App>> for Caller {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
-        caller_role(app, &parts.headers).map(Caller)
+        caller_role(app, &parts.headers)
+            .map(Caller)
+            .map_err(unauthorized)
     }
 }
 
@@ -113,7 +118,7 @@ impl FromRequestParts<Arc<App>> for AdminCaller {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
-        match caller_role(app, &parts.headers)? {
+        match caller_role(app, &parts.headers).map_err(unauthorized)? {
             Role::Admin => Ok(AdminCaller),
             Role::User => Err(text(
                 StatusCode::FORBIDDEN,
