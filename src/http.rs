@@ -99,9 +99,7 @@ fn caller_role(app: &App, headers: &HeaderMap) -> Result<Role, &'static str> {
     } else {
         None
     };
-    role.ok_or_else(|| {
-        unauthorized("WRONGPASS invalid username-password pair or user is disabled.")
-    })
+    role.ok_or(WRONGPASS)
 }
 
 impl FromRequestParts<Arc<App>> for Caller {
