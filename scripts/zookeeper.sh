@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Starts a standalone ZooKeeper for tests on 127.0.0.1 with its own data dir, installing
 # Debian's `zookeeper` package if needed. Prints the connect string; stops it on `stop DIR`.
-#   scripts/zookeeper.sh start DIR   -> prints 127.0.0.1:PORT, server runs until `stop`
-#   scripts/zookeeper.sh stop DIR
+#   scripts/zookeeper.sh start DIR [PORT]  -> prints 127.0.0.1:PORT, runs until `stop`
+#   scripts/zookeeper.sh stop DIR           (SIGTERM, waits for the process to exit)
+# Starting again on the same DIR and PORT is a restart: the data (sessions, nodes) is kept.
 set -euo pipefail
 cmd=${1:?start|stop}
 dir=${2:?directory}
@@ -17,8 +18,8 @@ start)
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >&2
   fi
   mkdir -p "$dir/data"
-  port=""
-  for candidate in $(seq 21810 21850); do
+  port=${3:-}
+  for candidate in $([ -n "$port" ] || seq 21810 21850); do
     if ! port_open "$candidate"; then port=$candidate; break; fi
   done
   [ -n "$port" ] || { echo "no free port for ZooKeeper" >&2; exit 1; }
@@ -47,6 +48,11 @@ CFG
   exit 1
   ;;
 stop)
-  if [ -f "$dir/pid" ]; then kill "$(cat "$dir/pid")" 2>/dev/null || true; fi
+  if [ -f "$dir/pid" ]; then
+    pid=$(cat "$dir/pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    rm -f "$dir/pid"
+  fi
   ;;
 esac

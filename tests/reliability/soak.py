@@ -1,13 +1,17 @@
 """Soak: mixed segment (MariaDB) and snowflake (ZooKeeper) load at a moderate rate for
-DURATION seconds while the database and ZooKeeper connections are cut and restored
-periodically (through proxies on 127.0.0.1). Checks: no duplicate ID, no error other than the
-documented UNAVAILABLE window, resident memory flat (within 10% after warm-up).
+DURATION seconds while a private MariaDB server and a private ZooKeeper server are really
+stopped and started again, periodically. Checks: no duplicate ID, no error other than the
+documented UNAVAILABLE window, resident memory flat (within 10% after warm-up), exit code 0.
 
-usage: soak.py LEAFD_BIN MYSQL_SERVER_URL ZOOKEEPER [DURATION=60]
-  e.g. soak.py target/debug/leafd mysql://root@127.0.0.1:3306 127.0.0.1:2181 600
+The script runs its own mariadbd (on a temporary data directory, --skip-grant-tables, loopback
+only) and its own ZooKeeper (scripts/zookeeper.sh), so restarting them never disturbs other
+tests or the machine's own servers.
+
+usage: soak.py LEAFD_BIN [DURATION=60]
+  e.g. soak.py target/release/leafd 600
 """
 import os
-import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,76 +20,76 @@ import threading
 import time
 
 binary = os.path.abspath(sys.argv[1])
-mysql_url, zookeeper = sys.argv[2].rstrip("/"), sys.argv[3]
-duration = int(sys.argv[4]) if len(sys.argv) > 4 else 60
+duration = int(sys.argv[2]) if len(sys.argv) > 2 else 60
+repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-class Proxy:
-    """A TCP proxy that can be cut (all connections closed, new ones refused) and restored."""
-
-    def __init__(self, target):
-        host, port = target.rsplit(":", 1)
-        self.target = (host, int(port))
-        self.up = True
-        self.conns = []
-        self.lock = threading.Lock()
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(128)
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self):
-        while True:
-            client, _ = self.listener.accept()
-            if not self.up:
-                client.close()
-                continue
-            try:
-                server = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                self.conns += [client, server]
-            threading.Thread(target=self.pump, args=(client, server), daemon=True).start()
-
-    def pump(self, a, b):
-        try:
-            while True:
-                ready, _, _ = select.select([a, b], [], [], 1)
-                for s in ready:
-                    data = s.recv(65536)
-                    if not data:
-                        raise OSError
-                    (b if s is a else a).sendall(data)
-        except (OSError, ValueError):
-            for s in (a, b):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def cut(self):
-        self.up = False
-        with self.lock:
-            for s in self.conns:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                    s.close()
-                except OSError:
-                    pass
-            self.conns = []
-
-    def restore(self):
-        self.up = True
+# Restart schedule (seconds into each period): the database goes down at DB_DOWN and comes
+# back at DB_UP of every DB_PERIOD; ZooKeeper likewise.
+DB_PERIOD, DB_DOWN, DB_UP = 20, 5, 8
+ZK_PERIOD, ZK_DOWN, ZK_UP = 25, 13, 17
 
 
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for_port(port, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {seconds}s")
+
+
+class MariaDB:
+    """A private mariadbd on 127.0.0.1 that can be stopped (SIGTERM) and started again."""
+
+    def __init__(self, work):
+        self.dir = f"{work}/mariadb"
+        self.port = free_port()
+        self.proc = None
+        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={self.dir}",
+                        "--user=root", "--skip-test-db", "--auth-root-authentication-method=normal"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={self.dir}", "--user=root",
+             f"--port={self.port}", "--bind-address=127.0.0.1", f"--socket={self.dir}/sock",
+             f"--pid-file={self.dir}/pid", "--skip-grant-tables", "--skip-log-bin",
+             "--innodb-buffer-pool-size=32M", f"--log-error={self.dir}/error.log"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, 60)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(60)
+
+    def sql(self, statement):
+        subprocess.run(["mysql", "-uroot", "-h127.0.0.1", f"-P{self.port}", "-e", statement],
+                       check=True)
+
+
+class ZooKeeper:
+    """A private ZooKeeper (scripts/zookeeper.sh) restarted on the same port and data."""
+
+    def __init__(self, work):
+        self.dir = f"{work}/zookeeper"
+        self.port = None
+
+    def start(self):
+        out = subprocess.run([f"{repo}/scripts/zookeeper.sh", "start", self.dir]
+                             + ([str(self.port)] if self.port else []),
+                             check=True, capture_output=True, text=True).stdout.strip()
+        self.port = int(out.rsplit(":", 1)[1])
+
+    def stop(self):
+        subprocess.run([f"{repo}/scripts/zookeeper.sh", "stop", self.dir], check=True)
 
 
 def rss_mb(pid):
@@ -98,11 +102,22 @@ def rss_mb(pid):
 
 def main():
     work = tempfile.mkdtemp()
-    db = f"leafd_soak_{os.getpid()}"
-    subprocess.run(["mysql", "-uroot", "-h127.0.0.1", "-e", f"CREATE DATABASE {db}"], check=True)
-    host = mysql_url.split("@")[-1]
-    db_proxy, zk_proxy = Proxy(host), Proxy(zookeeper)
-    prefix = mysql_url[: mysql_url.rindex(host)]
+    db, zk = MariaDB(work), ZooKeeper(work)
+    db.start()
+    zk.start()
+    try:
+        run(work, db, zk)
+    finally:
+        for server in (db, zk):
+            try:
+                server.stop()
+            except Exception:
+                pass
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(work, db, zk):
+    db.sql("CREATE DATABASE soak")
     port = free_port()
     with open(f"{work}/leafd.toml", "w") as f:
         f.write(f"""
@@ -111,7 +126,7 @@ bind = "127.0.0.1:{port}"
 [http]
 bind = "127.0.0.1:{free_port()}"
 [storage]
-url = "{prefix}127.0.0.1:{db_proxy.port}/{db}"
+url = "mysql://root@127.0.0.1:{db.port}/soak"
 acquire_timeout_ms = 500
 [segment]
 load_timeout_ms = 500
@@ -121,19 +136,16 @@ step = 200
 [snowflake]
 coordinator = "zookeeper"
 [snowflake.zookeeper]
-connect = "127.0.0.1:{zk_proxy.port}"
-cluster = "soak-{os.getpid()}"
+connect = "127.0.0.1:{zk.port}"
+cluster = "soak"
 cache_file = "{work}/worker.json"
 session_timeout_ms = 4000
 """)
+    log = open(f"{work}/leafd.log", "w")
     leafd = subprocess.Popen([binary, "--config", f"{work}/leafd.toml"], cwd=work,
-                             stdout=subprocess.DEVNULL, stderr=open(f"{work}/leafd.log", "w"))
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+                             stdout=log, stderr=subprocess.STDOUT,
+                             env={**os.environ, "NO_COLOR": "1", "RUST_LOG": "info"})
+    wait_for_port(port, 30)
     stop = threading.Event()
     ids, errors, unavailable = [], [], [0]
     lock = threading.Lock()
@@ -164,33 +176,40 @@ session_timeout_ms = 4000
         t.start()
     started = time.time()
     samples = []
-    db_cuts = zk_cuts = 0
+    db_restarts = zk_restarts = 0
+    db_up = zk_up = True
     while time.time() - started < duration:
-        elapsed = time.time() - started
-        second = int(elapsed)
-        if second % 15 == 5 and db_proxy.up:
-            db_proxy.cut(); db_cuts += 1
-        elif second % 15 == 8 and not db_proxy.up:
-            db_proxy.restore()
-        if second % 20 == 12 and zk_proxy.up:
-            zk_proxy.cut(); zk_cuts += 1
-        elif second % 20 == 17 and not zk_proxy.up:
-            zk_proxy.restore()
+        second = int(time.time() - started)
+        if second % DB_PERIOD == DB_DOWN and db_up:
+            db.stop(); db_up = False
+        elif second % DB_PERIOD == DB_UP and not db_up:
+            db.start(); db_up = True; db_restarts += 1
+        if second % ZK_PERIOD == ZK_DOWN and zk_up:
+            zk.stop(); zk_up = False
+        elif second % ZK_PERIOD == ZK_UP and not zk_up:
+            zk.start(); zk_up = True; zk_restarts += 1
         if second % 5 == 0 and (not samples or samples[-1][0] != second):
             samples.append((second, rss_mb(leafd.pid)))
         time.sleep(0.2)
-    db_proxy.restore(); zk_proxy.restore()
+    if not db_up:
+        db.start(); db_restarts += 1
+    if not zk_up:
+        zk.start(); zk_restarts += 1
     stop.set()
     for t in threads:
         t.join(30)
     leafd.terminate()
     code = leafd.wait(30)
-    subprocess.run(["mysql", "-uroot", "-h127.0.0.1", "-e", f"DROP DATABASE {db}"], check=True)
 
+    log.close()
+    with open(f"{work}/leafd.log") as f:
+        events = [line.strip() for line in f if " WARN " in line or " ERROR " in line]
+    print("\n".join(line[:220] for line in events[:10]))
     after_warmup = [mb for second, mb in samples if second >= min(20, duration // 3)]
     peak, base = max(after_warmup), after_warmup[0]
     print(f"soak {duration}s: {len(ids)} IDs checked, {unavailable[0]} UNAVAILABLE replies, "
-          f"{db_cuts} database cuts, {zk_cuts} ZooKeeper cuts, RSS {base:.1f} -> peak {peak:.1f} MB, exit {code}")
+          f"{db_restarts} MariaDB restarts, {zk_restarts} ZooKeeper restarts, "
+          f"RSS {base:.1f} -> peak {peak:.1f} MB, exit {code}")
     assert not errors, f"unexpected replies: {errors[:5]}"
     assert len(set(ids)) == len(ids), "duplicate IDs"
     assert peak <= base * 1.10 + 1.0, f"RSS grew from {base:.1f} to {peak:.1f} MB"
