@@ -100,10 +100,17 @@ pub async fn run_listeners(
         connections.spawn(async move {
             match tls {
                 None => serve_or_reject(stream, peer, &app, stop, permit).await,
-                Some((acceptor, limit)) => match tls::handshake(&acceptor, stream, limit).await {
-                    Ok(stream) => serve_or_reject(stream, peer, &app, stop, permit).await,
-                    Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                },
+                Some((acceptor, limit)) => {
+                    // Shutdown does not wait for handshakes: those clients sent no command yet.
+                    let handshake = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        handshake = tls::handshake(&acceptor, stream, limit) => handshake,
+                    };
+                    match handshake {
+                        Ok(stream) => serve_or_reject(stream, peer, &app, stop, permit).await,
+                        Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    }
+                }
             }
         });
     }
