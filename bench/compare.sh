@@ -5,6 +5,8 @@
 # the ratio leafd/redis. Loopback only; stops by itself.
 #   bench/compare.sh [REQUESTS=1000000] [ROUNDS=3] [CLIENTS=50]
 # Env: LEAFD_BIN (default target/release/leafd, built if missing), REDIS_PORT (default 6379).
+# TLS=1: both over TLS instead (a throw-away certificate from openssl; leafd's tls.bind against
+# a private redis-server started with --tls-port, since the machine's Redis has no TLS port).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 requests=${1:-1000000}
@@ -14,28 +16,53 @@ redis_port=${REDIS_PORT:-6379}
 leafd_bin=${LEAFD_BIN:-target/release/leafd}
 
 command -v redis-benchmark >/dev/null || { echo "redis-benchmark not found (Debian: redis-tools)" >&2; exit 1; }
-if ! redis-cli -p "$redis_port" PING >/dev/null 2>&1; then
-  echo "no redis-server on 127.0.0.1:$redis_port" >&2; exit 1
-fi
 [ -x "$leafd_bin" ] || cargo build --release --quiet
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 work=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null; rm -rf "$work"' EXIT
 leafd_port=$(free_port)
 http_port=$(free_port)
-"$leafd_bin" --bind "127.0.0.1:$leafd_port" --http-bind "127.0.0.1:$http_port" \
-  --storage-url "sqlite://$work/leafd.db" > "$work/leafd.log" 2>&1 &
-leafd_pid=$!
-trap 'kill $leafd_pid 2>/dev/null; wait $leafd_pid 2>/dev/null; rm -rf "$work"' EXIT
+cat > "$work/leafd.toml" <<TOML
+[server]
+bind = "127.0.0.1:$leafd_port"
+[http]
+bind = "127.0.0.1:$http_port"
+[storage]
+url = "sqlite://$work/leafd.db"
+TOML
+tls=()
+leafd_bench_port=$leafd_port
+if [ "${TLS:-0}" = 1 ]; then
+  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
+    -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+    -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+  tls=(--tls --cacert "$work/cert.pem")
+  leafd_bench_port=$(free_port)
+  printf '[tls]\nbind = "127.0.0.1:%s"\ncert_file = "%s"\nkey_file = "%s"\n' \
+    "$leafd_bench_port" "$work/cert.pem" "$work/key.pem" >> "$work/leafd.toml"
+  redis_port=$(free_port)
+  redis-server --port 0 --tls-port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+    --tls-cert-file "$work/cert.pem" --tls-key-file "$work/key.pem" --tls-auth-clients no \
+    > "$work/redis.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 100); do redis-cli "${tls[@]}" -p "$redis_port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+if ! redis-cli "${tls[@]}" -p "$redis_port" PING >/dev/null 2>&1; then
+  echo "no redis-server on 127.0.0.1:$redis_port" >&2; exit 1
+fi
+"$leafd_bin" --config "$work/leafd.toml" > "$work/leafd.log" 2>&1 &
+pids+=($!)
 for _ in $(seq 1 100); do redis-cli -p "$leafd_port" PING >/dev/null 2>&1 && break; sleep 0.1; done
 redis-cli -p "$leafd_port" LEAF.TAG CREATE bench 100000 >/dev/null
-redis-cli -p "$redis_port" DEL bench >/dev/null
+redis-cli "${tls[@]}" -p "$redis_port" DEL bench >/dev/null
 
 # Runs one redis-benchmark; appends "rps p50 p99" to $2 and fails on any error reply.
 run() {
   local port=$1 out=$2 pipeline=$3; shift 3
   local csv
-  csv=$(redis-benchmark -h 127.0.0.1 -p "$port" -c "$clients" -n "$requests" -P "$pipeline" --csv "$@" 2>"$work/stderr")
+  csv=$(redis-benchmark "${tls[@]}" -h 127.0.0.1 -p "$port" -c "$clients" -n "$requests" -P "$pipeline" --csv "$@" 2>"$work/stderr")
   if grep -qi "error" "$work/stderr" <(echo "$csv"); then
     echo "error replies from port $port running $*:" >&2; cat "$work/stderr" >&2; exit 1
   fi
@@ -51,17 +78,17 @@ for round in $(seq 1 "$rounds"); do
     cmd=${row%|*}; pipeline=${row#*|}
     key=$(echo "$cmd-$pipeline" | tr ' :' '__')
     # shellcheck disable=SC2086
-    run "$leafd_port" "$work/leafd-$key" "$pipeline" $cmd
+    run "$leafd_bench_port" "$work/leafd-$key" "$pipeline" $cmd
     run "$redis_port" "$work/redis-$key" "$pipeline" INCR bench
   done
 done
 
 # Every reply was an integer: the IDs still increase after the run.
-last=$(redis-cli -p "$leafd_port" INCR segment:bench)
+last=$(redis-cli "${tls[@]}" -p "$leafd_bench_port" INCR segment:bench)
 [[ "$last" =~ ^[0-9]+$ ]] || { echo "leafd did not answer with an integer: $last" >&2; exit 1; }
 
 echo
-echo "leafd vs redis-server $(redis-server --version | awk '{print $3}' | tr -d 'v='), $requests requests, $clients clients, median of $rounds rounds"
+echo "leafd vs redis-server $(redis-server --version | awk '{print $3}' | tr -d 'v=')${tls:+ over TLS}, $requests requests, $clients clients, median of $rounds rounds"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
 printf '%-20s %3s | %12s %8s %8s | %12s %8s %8s | %6s\n' "leafd command" "-P" "leafd rps" "p50 ms" "p99 ms" "redis rps" "p50 ms" "p99 ms" "ratio"
 for row in "${rows[@]}"; do
