@@ -540,8 +540,10 @@ impl SegmentEngine {
     ) -> tokio::task::JoinHandle<()> {
         let engine = self.clone();
         tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.tick().await;
+            // The first tick is one interval from now: the tag list was just loaded, and an
+            // immediate first tick would still wait for the timer's next millisecond.
+            let mut ticker =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
