@@ -52,7 +52,8 @@ fuzz_target!(|data: &[u8]| {
             let Ok(Some(args)) = decoder.decode(&mut input) else {
                 break;
             };
-            let (reply, _) = cmd::execute(&app, &mut session, args, Instant::now(), &mut batch).await;
+            let (reply, _) =
+                cmd::execute(&app, &mut session, args, Instant::now(), &mut batch).await;
             reply.encode(RespVersion::Resp2, &mut out);
             reply.encode(RespVersion::Resp3, &mut out);
             out.clear();
