@@ -103,6 +103,33 @@ async fn shutdown_signal() {
     }
 }
 
+/// SIGHUP re-reads the TLS certificate, key and client CA files; new connections use them,
+/// connected clients keep theirs. A file that fails to load leaves the previous ones in use.
+async fn reload_tls_on_hangup(settings: Vec<std::sync::Arc<leafd::tls::TlsSettings>>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hangup.recv().await.is_some() {
+            if settings.is_empty() {
+                tracing::info!("SIGHUP: no TLS listener, nothing to reload");
+            }
+            for listener in &settings {
+                match listener.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificates reloaded"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "SIGHUP: TLS reload failed; the previous certificates stay in use")
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    drop(settings);
+}
+
 /// Logs one line naming the cause (library errors already carry their sources' text) and exits 1.
 fn exit_with(what: &str, err: &dyn std::fmt::Display) -> ! {
     tracing::error!("{what}: {err}");
@@ -151,21 +178,19 @@ async fn main() -> anyhow::Result<()> {
         plain: Some(listen(config.server.bind.clone()).await?),
         tls: None,
     };
-    if let Some(bind) = &config.tls.bind {
-        let acceptor = match leafd::tls::acceptor(&config.tls, &[]) {
-            Ok(acceptor) => acceptor,
-            Err(e) => exit_with("cannot set up TLS", &e),
-        };
-        listeners.tls = Some((listen(bind.clone()).await?, acceptor, handshake_timeout));
-    }
-    let https = if config.tls.http {
-        match leafd::tls::acceptor(&config.tls, &[b"http/1.1"]) {
-            Ok(acceptor) => Some(acceptor),
-            Err(e) => exit_with("cannot set up TLS", &e),
-        }
-    } else {
-        None
+    let load_tls = |alpn: &[&[u8]]| match leafd::tls::TlsSettings::load(&config.tls, alpn) {
+        Ok(settings) => settings,
+        Err(e) => exit_with("cannot set up TLS", &e),
     };
+    let mut tls_settings = Vec::new();
+    if let Some(bind) = &config.tls.bind {
+        let settings = load_tls(&[]);
+        tls_settings.push(settings.clone());
+        listeners.tls = Some((listen(bind.clone()).await?, settings, handshake_timeout));
+    }
+    let https = config.tls.http.then(|| load_tls(&[b"http/1.1"]));
+    tls_settings.extend(https.clone());
+    tokio::spawn(reload_tls_on_hangup(tls_settings));
     let http_listener = if config.http.enabled {
         Some(listen(config.http.bind.clone()).await?)
     } else {
@@ -200,8 +225,8 @@ async fn main() -> anyhow::Result<()> {
     let http = http_listener.map(|l| {
         let stopped = stop.clone().cancelled_owned();
         match https {
-            Some(acceptor) => tokio::spawn(leafd::http::run(
-                leafd::tls::HttpsListener::new(l, acceptor, handshake_timeout),
+            Some(settings) => tokio::spawn(leafd::http::run(
+                leafd::tls::HttpsListener::new(l, settings, handshake_timeout),
                 app.clone(),
                 stopped,
             )),

@@ -1,10 +1,11 @@
-//! TLS for the RESP and HTTP listeners: a rustls server configuration read from PEM files
-//! (optionally requiring client certificates), and an HTTPS listener for axum.
+//! TLS for the RESP and HTTP listeners: rustls settings read from PEM files (optionally requiring
+//! client certificates), reloadable without a restart, and an HTTPS listener for axum.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -58,9 +59,9 @@ fn read_certs(what: &'static str, path: &str) -> Result<Vec<CertificateDer<'stat
     Ok(certs)
 }
 
-/// Builds the acceptor for one listener. `alpn` names the application protocols offered
-/// (`http/1.1` for HTTPS; none for RESP, whose clients do not send ALPN).
-pub fn acceptor(cfg: &TlsConfig, alpn: &[&[u8]]) -> Result<TlsAcceptor, TlsError> {
+/// Builds a rustls server configuration from the files `cfg` names. `alpn` lists the
+/// application protocols offered (`http/1.1` for HTTPS; none for RESP, whose clients send none).
+fn server_config(cfg: &TlsConfig, alpn: &[Vec<u8>]) -> Result<ServerConfig, TlsError> {
     let (Some(cert_file), Some(key_file)) = (&cfg.cert_file, &cfg.key_file) else {
         return Err(TlsError::Missing);
     };
@@ -93,18 +94,51 @@ pub fn acceptor(cfg: &TlsConfig, alpn: &[&[u8]]) -> Result<TlsAcceptor, TlsError
         }
     };
     let mut config = builder.with_single_cert(certs, key)?;
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Ok(TlsAcceptor::from(Arc::new(config)))
+    config.alpn_protocols = alpn.to_vec();
+    Ok(config)
+}
+
+/// One listener's TLS settings. Every new connection uses the configuration loaded last, so
+/// certificates, keys and the client CA can be rotated (SIGHUP) without dropping clients.
+pub struct TlsSettings {
+    files: TlsConfig,
+    alpn: Vec<Vec<u8>>,
+    current: ArcSwap<ServerConfig>,
+}
+
+impl TlsSettings {
+    /// Reads the files `cfg` names; `alpn` as in [`server_config`].
+    pub fn load(cfg: &TlsConfig, alpn: &[&[u8]]) -> Result<Arc<TlsSettings>, TlsError> {
+        let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
+        let config = server_config(cfg, &alpn)?;
+        Ok(Arc::new(TlsSettings {
+            files: cfg.clone(),
+            alpn,
+            current: ArcSwap::from_pointee(config),
+        }))
+    }
+
+    /// Reads the files again. On error the previous configuration stays in use.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let config = server_config(&self.files, &self.alpn)?;
+        self.current.store(Arc::new(config));
+        Ok(())
+    }
+
+    /// An acceptor with the current configuration (an `Arc` clone).
+    pub fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.current.load_full())
+    }
 }
 
 /// Completes a server-side handshake, or gives up after `limit` (a client that connects and
 /// says nothing must not hold a connection slot).
 pub async fn handshake(
-    acceptor: &TlsAcceptor,
+    settings: &TlsSettings,
     stream: TcpStream,
     limit: Duration,
 ) -> std::io::Result<TlsStream<TcpStream>> {
-    match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+    match tokio::time::timeout(limit, settings.acceptor().accept(stream)).await {
         Ok(result) => result,
         Err(_) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
@@ -123,7 +157,7 @@ pub struct HttpsListener {
 }
 
 impl HttpsListener {
-    pub fn new(listener: TcpListener, acceptor: TlsAcceptor, limit: Duration) -> Self {
+    pub fn new(listener: TcpListener, settings: Arc<TlsSettings>, limit: Duration) -> Self {
         let local_addr = listener
             .local_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
@@ -145,10 +179,10 @@ impl HttpsListener {
                         }
                     },
                 };
-                let acceptor = acceptor.clone();
+                let settings = settings.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    match handshake(&acceptor, stream, limit).await {
+                    match handshake(&settings, stream, limit).await {
                         Ok(tls) => {
                             drop(permit);
                             let _ = tx.send((tls, peer)).await;

@@ -13,6 +13,7 @@ use common::{resp, sqlite_config};
 use leafd::app::App;
 use leafd::config::{Config, TlsConfig};
 use leafd::server::Listeners;
+use leafd::tls::TlsSettings;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
@@ -107,6 +108,7 @@ struct TlsServer {
     plain: SocketAddr,
     tls: SocketAddr,
     app: Arc<App>,
+    settings: Arc<TlsSettings>,
     stop: CancellationToken,
     handle: tokio::task::JoinHandle<std::io::Result<()>>,
     _data: tempfile::TempDir,
@@ -117,7 +119,7 @@ impl TlsServer {
         let data = tempfile::tempdir().unwrap();
         let mut config = sqlite_config(&data);
         config.server.max_clients = max_clients;
-        let acceptor = leafd::tls::acceptor(&tls, &[]).expect("TLS configuration loads");
+        let settings = TlsSettings::load(&tls, &[]).expect("TLS configuration loads");
         config.tls = tls;
         let app = App::open(config).await.unwrap();
         app.segments.create_tag("tls", 1000, 1, None).await.unwrap();
@@ -126,7 +128,7 @@ impl TlsServer {
         let (plain_addr, tls_addr) = (plain.local_addr().unwrap(), secure.local_addr().unwrap());
         let listeners = Listeners {
             plain: Some(plain),
-            tls: Some((secure, acceptor, app.config.tls.handshake_timeout())),
+            tls: Some((secure, settings.clone(), app.config.tls.handshake_timeout())),
         };
         let stop = CancellationToken::new();
         let handle = tokio::spawn(leafd::server::run_listeners(
@@ -138,6 +140,7 @@ impl TlsServer {
             plain: plain_addr,
             tls: tls_addr,
             app,
+            settings,
             stop,
             handle,
             _data: data,
@@ -319,11 +322,11 @@ async fn https_serves_the_leaf_http_api() {
     };
     let app = App::open(config).await.unwrap();
     app.segments.create_tag("web", 10, 1, None).await.unwrap();
-    let acceptor = leafd::tls::acceptor(&app.config.tls, &[b"http/1.1"]).unwrap();
+    let settings = TlsSettings::load(&app.config.tls, &[b"http/1.1"]).unwrap();
     let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = tcp.local_addr().unwrap();
     let stop = CancellationToken::new();
-    let https = leafd::tls::HttpsListener::new(tcp, acceptor, Duration::from_millis(300));
+    let https = leafd::tls::HttpsListener::new(tcp, settings, Duration::from_millis(300));
     let handle = tokio::spawn(leafd::http::run(
         https,
         app.clone(),
@@ -356,6 +359,49 @@ async fn https_serves_the_leaf_http_api() {
     app.close().await;
 }
 
+impl Pki {
+    /// Puts `other`'s server certificate and key where this one's were (a rotation).
+    fn install_server_files_of(&self, other: &Pki) {
+        for name in ["server.crt", "server.key"] {
+            std::fs::copy(other.path(name), self.path(name)).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn certificates_reload_without_dropping_connected_clients() {
+    let pki = Pki::new();
+    let server = TlsServer::start(pki.server_config(false), 100).await;
+    let ping = resp(&[b"PING"]);
+    let mut before = tls_connect(&pki.connector(None, &[]), server.tls)
+        .await
+        .unwrap();
+    assert_eq!(exchange(&mut before, &ping, 1).await.unwrap(), "+PONG\r\n");
+    // Rotate to a certificate from another CA.
+    let rotated = Pki::new();
+    pki.install_server_files_of(&rotated);
+    server.settings.reload().unwrap();
+    let mut after = tls_connect(&rotated.connector(None, &[]), server.tls)
+        .await
+        .unwrap();
+    assert_eq!(exchange(&mut after, &ping, 1).await.unwrap(), "+PONG\r\n");
+    assert!(
+        refused_ping(&pki.connector(None, &[]), server.tls).await,
+        "the old certificate is still served to new clients"
+    );
+    // The client connected before the rotation keeps its session.
+    assert_eq!(exchange(&mut before, &ping, 1).await.unwrap(), "+PONG\r\n");
+    // A broken file: the reload fails naming it and the rotated certificate stays.
+    std::fs::write(pki.path("server.crt"), "not a certificate").unwrap();
+    let err = server.settings.reload().expect_err("refused").to_string();
+    assert!(err.ends_with("server.crt holds no certificate"), "{err}");
+    let mut again = tls_connect(&rotated.connector(None, &[]), server.tls)
+        .await
+        .unwrap();
+    assert_eq!(exchange(&mut again, &ping, 1).await.unwrap(), "+PONG\r\n");
+    server.stop().await;
+}
+
 #[test]
 fn bad_certificate_files_are_refused_naming_the_file() {
     let pki = Pki::new();
@@ -363,7 +409,7 @@ fn bad_certificate_files_are_refused_naming_the_file() {
         cert_file: Some(pki.path("nope.crt")),
         ..pki.server_config(false)
     };
-    let err = leafd::tls::acceptor(&missing, &[])
+    let err = TlsSettings::load(&missing, &[])
         .err()
         .expect("refused")
         .to_string();
@@ -376,7 +422,7 @@ fn bad_certificate_files_are_refused_naming_the_file() {
         cert_file: Some(pki.path("server.key")),
         ..pki.server_config(false)
     };
-    let err = leafd::tls::acceptor(&swapped, &[])
+    let err = TlsSettings::load(&swapped, &[])
         .err()
         .expect("refused")
         .to_string();
@@ -386,7 +432,7 @@ fn bad_certificate_files_are_refused_naming_the_file() {
         key_file: Some(pki.path("client.key")),
         ..pki.server_config(false)
     };
-    let err = leafd::tls::acceptor(&mismatched, &[])
+    let err = TlsSettings::load(&mismatched, &[])
         .err()
         .expect("refused")
         .to_string();
@@ -479,9 +525,33 @@ async fn binary_serves_tls_to_redis_cli_and_https() {
         assert!(output.status.success(), "{output:?}");
         assert_eq!(String::from_utf8_lossy(&output.stdout), "2\n");
     }
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    // SIGHUP rotates the certificate of both listeners.
+    let rotated = Pki::new();
+    pki.install_server_files_of(&rotated);
+    let signal = |name: &str| {
+        let status = Command::new("kill")
+            .args([name, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("-HUP");
+    let mut reloaded = false;
+    for _ in 0..100 {
+        if !refused_ping(&rotated.connector(None, &[]), tls_addr).await {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reloaded, "SIGHUP did not load the rotated certificate");
+    let https_rotated = rotated.connector(None, &[b"http/1.1"]);
+    assert!(
+        tls_connect(&https_rotated, format!("127.0.0.1:{http}").parse().unwrap())
+            .await
+            .is_ok()
+    );
+    signal("-TERM");
     let status = child.wait().unwrap();
     assert!(status.success(), "leafd exit status {status}");
 }

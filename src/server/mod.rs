@@ -12,7 +12,6 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -24,8 +23,8 @@ use connection::ClientStream;
 #[derive(Default)]
 pub struct Listeners {
     pub plain: Option<TcpListener>,
-    /// A listener whose clients speak TLS, with the acceptor and its handshake timeout.
-    pub tls: Option<(TcpListener, TlsAcceptor, Duration)>,
+    /// A listener whose clients speak TLS, with its settings and handshake timeout.
+    pub tls: Option<(TcpListener, Arc<tls::TlsSettings>, Duration)>,
 }
 
 /// Serves RESP on `listener` until `shutdown` completes, then waits for open connections to
@@ -100,11 +99,11 @@ pub async fn run_listeners(
         connections.spawn(async move {
             match tls {
                 None => serve_or_reject(stream, peer, &app, stop, permit).await,
-                Some((acceptor, limit)) => {
+                Some((settings, limit)) => {
                     // Shutdown does not wait for handshakes: those clients sent no command yet.
                     let handshake = tokio::select! {
                         _ = stop.cancelled() => return,
-                        handshake = tls::handshake(&acceptor, stream, limit) => handshake,
+                        handshake = tls::handshake(&settings, stream, limit) => handshake,
                     };
                     match handshake {
                         Ok(stream) => serve_or_reject(stream, peer, &app, stop, permit).await,
