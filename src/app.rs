@@ -308,7 +308,7 @@ async fn start_snowflake(
     let (worker_id, worker) = match sf.coordinator {
         CoordinatorKind::Static => (sf.worker_id, None),
         CoordinatorKind::Zookeeper => {
-            let endpoint = zookeeper::endpoint_for(&sf.zookeeper, &config.server.bind);
+            let endpoint = zookeeper::endpoint_for(&sf.zookeeper, config.resp_bind());
             let worker = zookeeper::acquire(
                 &sf.zookeeper,
                 &endpoint,

@@ -85,7 +85,7 @@ impl Default for HttpConfig {
 #[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Address of the RESP listener.
+    /// Address of the plaintext RESP listener; empty for none (then `tls.bind` serves RESP).
     pub bind: String,
     /// Connections beyond this get `-ERR max number of clients reached` and are closed.
     pub max_clients: usize,
@@ -145,6 +145,17 @@ impl fmt::Debug for UserConfig {
             .field("password", &"<redacted>")
             .field("admin", &self.admin)
             .finish()
+    }
+}
+
+impl Config {
+    /// The address of this node's RESP service, as other nodes would name it: the plaintext
+    /// listener's, or the TLS listener's when there is no plaintext one.
+    pub fn resp_bind(&self) -> &str {
+        match (&self.server.bind, &self.tls.bind) {
+            (plain, Some(tls)) if plain.is_empty() => tls,
+            (plain, _) => plain,
+        }
     }
 }
 
@@ -456,7 +467,14 @@ impl Config {
     /// Refuses values that would make the server misbehave rather than fail at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |msg: String| Err(ConfigError::Invalid(msg));
-        if self.server.bind.parse::<SocketAddr>().is_err() {
+        if self.server.bind.is_empty() {
+            if self.tls.bind.is_none() {
+                return invalid(
+                    "server.bind may only be empty (no plaintext listener) when tls.bind is set"
+                        .into(),
+                );
+            }
+        } else if self.server.bind.parse::<SocketAddr>().is_err() {
             return invalid(format!(
                 "server.bind '{}' is not an ip:port address",
                 self.server.bind
@@ -594,6 +612,23 @@ mod tests {
         let cfg = Config::from_toml("[[segment.tags]]\ntag = \"a b\"\nstep = 10").unwrap();
         let err = cfg.validate().unwrap_err().to_string();
         assert!(err.contains("printable ASCII"), "{err}");
+    }
+
+    #[test]
+    fn plaintext_listener_may_be_off_only_with_a_tls_listener() {
+        let mut cfg = Config::from_toml("[server]\nbind = \"\"").unwrap();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("only be empty"), "{err}");
+        cfg.tls = TlsConfig {
+            bind: Some("10.0.0.5:6390".into()),
+            cert_file: Some("c.pem".into()),
+            key_file: Some("k.pem".into()),
+            ..TlsConfig::default()
+        };
+        cfg.validate().unwrap();
+        assert_eq!(cfg.resp_bind(), "10.0.0.5:6390");
+        cfg.server.bind = "10.0.0.5:6380".into();
+        assert_eq!(cfg.resp_bind(), "10.0.0.5:6380");
     }
 
     #[test]

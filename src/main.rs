@@ -17,7 +17,7 @@ struct Cli {
     /// TOML configuration file; keys it omits keep their defaults.
     #[arg(short, long, env = "LEAFD_CONFIG")]
     config: Option<PathBuf>,
-    /// RESP listen address (server.bind), e.g. 127.0.0.1:6380.
+    /// RESP listen address (server.bind), e.g. 127.0.0.1:6380; "" for none (TLS only).
     #[arg(long, env = "LEAFD_BIND")]
     bind: Option<String>,
     /// HTTP listen address for /metrics and the Leaf HTTP API (http.bind).
@@ -175,7 +175,11 @@ async fn main() -> anyhow::Result<()> {
     };
     let handshake_timeout = config.tls.handshake_timeout();
     let mut listeners = leafd::server::Listeners {
-        plain: Some(listen(config.server.bind.clone()).await?),
+        plain: if config.server.bind.is_empty() {
+            None
+        } else {
+            Some(listen(config.server.bind.clone()).await?)
+        },
         tls: None,
     };
     let load_tls = |alpn: &[&[u8]]| match leafd::tls::TlsSettings::load(&config.tls, alpn) {

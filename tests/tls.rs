@@ -444,8 +444,9 @@ fn bad_certificate_files_are_refused_naming_the_file() {
     assert!(err.contains("cert_file and key_file are required"), "{err}");
 }
 
-/// The real binary with `[tls]` from a config file: redis-cli --tls (when LEAFD_TEST_REDIS_CLI
-/// names it) and a Rust TLS client on the RESP port, and HTTPS on the HTTP port.
+/// The real binary, TLS only (no plaintext RESP listener), from a config file: redis-cli --tls
+/// (when LEAFD_TEST_REDIS_CLI names it) and a Rust TLS client on the RESP port, HTTPS on the
+/// HTTP port, and SIGHUP rotating both listeners' certificate.
 #[tokio::test]
 async fn binary_serves_tls_to_redis_cli_and_https() {
     let pki = Pki::new();
@@ -457,12 +458,12 @@ async fn binary_serves_tls_to_redis_cli_and_https() {
             .unwrap()
             .port()
     };
-    let (plain, tls, http) = (free_port(), free_port(), free_port());
+    let (tls, http) = (free_port(), free_port());
     let config_path = data.path().join("leafd.toml");
     std::fs::write(
         &config_path,
         format!(
-            "[server]\nbind = \"127.0.0.1:{plain}\"\n\
+            "[server]\nbind = \"\"\n\
              [http]\nbind = \"127.0.0.1:{http}\"\n\
              [tls]\nbind = \"127.0.0.1:{tls}\"\nhttp = true\n\
              cert_file = \"{}\"\nkey_file = \"{}\"\n\
