@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# leafd's resident memory (RSS) at rest, with 10,000 idle client connections, and with 10,000
-# tags loaded (each with a segment in use). Loopback only; stops by itself.
+# leafd's resident memory (RSS) at rest, with 10,000 idle client connections (plain, then TLS
+# when openssl is there to make a certificate), and with 10,000 tags loaded (each with a segment
+# in use). Loopback only; stops by itself.
 #   bench/memory.sh [CONNECTIONS=10000] [TAGS=10000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,12 +15,13 @@ work=$(mktemp -d)
 pid=""
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$work"' EXIT
 # A fresh process for each measurement: memory freed by one phase is not returned to the OS.
+# Extra arguments go to leafd (a --config for the TLS phase).
 start_leafd() {
   [ -z "$pid" ] || { kill "$pid"; wait "$pid" 2>/dev/null || true; }
   port=$(free_port)
   rm -f "$work"/leafd.db*
   "$leafd_bin" --bind "127.0.0.1:$port" --http-bind "127.0.0.1:$(free_port)" --max-clients $((connections + 100)) \
-    --storage-url "sqlite://$work/leafd.db" > "$work/leafd.log" 2>&1 &
+    --storage-url "sqlite://$work/leafd.db" "$@" > "$work/leafd.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
 }
@@ -43,6 +45,33 @@ print(f"with {count} idle connections: {int(rss)/1024:.1f} MB")
 for s in socks:
     s.close()
 PY
+
+if command -v openssl >/dev/null; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+    -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+    -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+  tls_port=$(free_port)
+  printf '[tls]\nbind = "127.0.0.1:%s"\ncert_file = "%s"\nkey_file = "%s"\n' \
+    "$tls_port" "$work/cert.pem" "$work/key.pem" > "$work/tls.toml"
+  start_leafd --config "$work/tls.toml"
+  python3 - "$tls_port" "$connections" "$pid" "$work/cert.pem" <<'PY'
+import socket, ssl, sys, time
+port, count, pid, ca = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+context = ssl.create_default_context(cafile=ca)
+socks = []
+for _ in range(count):
+    s = context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="localhost")
+    s.sendall(b"PING\r\n")
+    socks.append(s)
+for s in socks:
+    assert s.recv(16) == b"+PONG\r\n"
+time.sleep(1)
+rss = [l for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS")][0].split()[1]
+print(f"with {count} idle TLS connections: {int(rss)/1024:.1f} MB")
+for s in socks:
+    s.close()
+PY
+fi
 start_leafd
 
 python3 -c '

@@ -75,7 +75,8 @@ async fn write_out(stream: &mut impl ClientStream, buf: &[u8], limit: Option<Dur
 /// kernel discard replies it has received but the client has not read yet.
 pub(crate) async fn close_gracefully(mut stream: impl ClientStream) {
     let _ = stream.shutdown().await;
-    let mut scratch = [0u8; 4096];
+    // On the heap: a buffer here would be part of every connection's future, idle or not.
+    let mut scratch = vec![0u8; 4096];
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         loop {
             match stream.read(&mut scratch).await {

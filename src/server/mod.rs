@@ -96,22 +96,24 @@ pub async fn run_listeners(
         }
         let app = app.clone();
         let stop = stop.clone();
-        connections.spawn(async move {
-            match tls {
-                None => serve_or_reject(stream, peer, &app, stop, permit).await,
-                Some((settings, limit)) => {
-                    // Shutdown does not wait for handshakes: those clients sent no command yet.
-                    let handshake = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        handshake = tls::handshake(&settings, stream, limit) => handshake,
-                    };
-                    match handshake {
-                        Ok(stream) => serve_or_reject(stream, peer, &app, stop, permit).await,
-                        Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    }
+        // Two spawns, not one future with a match: a task's memory is sized for its largest
+        // state, and a plain connection must not carry room for a TLS session (10,000 idle
+        // plain clients took 148 MB instead of 28 MB that way).
+        match tls {
+            None => connections
+                .spawn(async move { serve_or_reject(stream, peer, &app, stop, permit).await }),
+            Some((settings, limit)) => connections.spawn(async move {
+                // Shutdown does not wait for handshakes: those clients sent no command yet.
+                let handshake = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    handshake = tls::handshake(&settings, stream, limit) => handshake,
+                };
+                match handshake {
+                    Ok(stream) => serve_or_reject(stream, peer, &app, stop, permit).await,
+                    Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 }
-            }
-        });
+            }),
+        };
     }
     drop(listeners);
     stop.cancel();
@@ -140,4 +142,37 @@ async fn serve_or_reject(
     connection::serve(stream, peer, app, stop).await;
     app.stats.connected_clients.fetch_sub(1, Ordering::Relaxed);
     drop(permit);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    fn future_size<F: std::future::Future>(_: &F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Every connection's task holds its `serve` future, idle or not, so its size is memory per
+    /// client: a 4 KB buffer kept in it once made 10,000 idle clients cost 40 MB more.
+    #[tokio::test]
+    async fn a_connection_task_stays_small() {
+        let app = crate::app::App::with_store(
+            crate::config::Config::default(),
+            Arc::new(crate::storage::MemoryStore::new()),
+            Arc::new(crate::engine::clock::SystemClock),
+        )
+        .await
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let peer = stream.local_addr().unwrap();
+        let serve = super::connection::serve(stream, peer, &app, Default::default());
+        let bytes = future_size(&serve);
+        assert!(
+            bytes <= 2048,
+            "a plain connection's future takes {bytes} bytes"
+        );
+    }
 }
