@@ -3,6 +3,11 @@
 
 use crate::config::ServerConfig;
 
+/// Reply text (after `-` in RESP, the body of a 401 in HTTP) for a client that has not
+/// authenticated, and for wrong credentials, worded as Redis words them.
+pub const NOAUTH: &str = "NOAUTH Authentication required.";
+pub const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
 /// What an authenticated user may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {

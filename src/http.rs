@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::App;
-use crate::auth::{self, Role};
+use crate::auth::{self, Role, NOAUTH, WRONGPASS};
 use crate::engine::segment::{Segment, SegmentError};
 use crate::engine::snowflake::SnowflakeError;
 
@@ -55,7 +55,7 @@ pub fn router(app: Arc<App>) -> Router {
 /// A caller whose credentials were checked (or anyone, when no authentication is configured):
 /// `Authorization: Basic <user:password>` for any user, or `Bearer <requirepass>` for the
 /// default user.
-pub struct Caller(pub Role);
+pub struct Caller;
 
 /// A [`Caller`] with the admin role; others get 403.
 pub struct AdminCaller;
@@ -71,9 +71,6 @@ fn unauthorized(message: &str) -> Response {
     )
         .into_response()
 }
-
-const NOAUTH: &str = "NOAUTH Authentication required.";
-const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
 /// The role the request's `Authorization` header proves; `Err` is the 401 message.
 fn caller_role(app: &App, headers: &HeaderMap) -> Result<Role, &'static str> {
@@ -107,7 +104,7 @@ impl FromRequestParts<Arc<App>> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
         caller_role(app, &parts.headers)
-            .map(Caller)
+            .map(|_| Caller)
             .map_err(unauthorized)
     }
 }

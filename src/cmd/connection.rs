@@ -32,9 +32,7 @@ fn check_credentials(app: &App, user: &[u8], pass: &[u8]) -> Result<bool, Reply>
     }
     match auth::authenticate(server, user, pass) {
         Some(role) => Ok(role == Role::Admin),
-        None => Err(Reply::error(
-            "WRONGPASS invalid username-password pair or user is disabled.",
-        )),
+        None => Err(Reply::error(auth::WRONGPASS)),
     }
 }
 

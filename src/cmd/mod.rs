@@ -89,7 +89,7 @@ async fn run(
         return wrong_arity(spec.name);
     }
     if !session.authenticated && !spec.before_auth {
-        return Reply::error("NOAUTH Authentication required.");
+        return Reply::error(crate::auth::NOAUTH);
     }
     match spec.name {
         "incr" if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
