@@ -18,7 +18,7 @@ leafd_bin=${LEAFD_BIN:-target/release/leafd}
 command -v redis-benchmark >/dev/null || { echo "redis-benchmark not found (Debian: redis-tools)" >&2; exit 1; }
 [ -x "$leafd_bin" ] || cargo build --release --quiet
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source bench/common.sh
 work=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null; rm -rf "$work"' EXIT
@@ -35,13 +35,10 @@ TOML
 tls=()
 leafd_bench_port=$leafd_port
 if [ "${TLS:-0}" = 1 ]; then
-  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
-    -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
-    -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+  self_signed_cert "$work"
   tls=(--tls --cacert "$work/cert.pem")
   leafd_bench_port=$(free_port)
-  printf '[tls]\nbind = "127.0.0.1:%s"\ncert_file = "%s"\nkey_file = "%s"\n' \
-    "$leafd_bench_port" "$work/cert.pem" "$work/key.pem" >> "$work/leafd.toml"
+  tls_section "$leafd_bench_port" "$work" >> "$work/leafd.toml"
   redis_port=$(free_port)
   redis-server --port 0 --tls-port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
     --tls-cert-file "$work/cert.pem" --tls-key-file "$work/key.pem" --tls-auth-clients no \

@@ -10,7 +10,7 @@ tags=${2:-10000}
 leafd_bin=${LEAFD_BIN:-target/release/leafd}
 [ -x "$leafd_bin" ] || cargo build --release --quiet
 ulimit -n $((connections + 1024))
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source bench/common.sh
 work=$(mktemp -d)
 pid=""
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$work"' EXIT
@@ -29,48 +29,37 @@ rss() { awk '/VmRSS/ {printf "%.1f MB", $2/1024}' "/proc/$pid/status"; }
 start_leafd
 echo "at rest: $(rss)"
 
-python3 - "$port" "$connections" "$pid" <<'PY'
-import socket, sys, time
-port, count, pid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+# Opens COUNT connections to PORT (over TLS when CA is given), each sends PING and stays idle;
+# prints leafd's RSS with them open.
+idle_clients() {
+  python3 - "$1" "$connections" "$pid" "$2" "${3:-}" <<'PY'
+import socket, ssl, sys, time
+port, count, pid, label, ca = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+context = ssl.create_default_context(cafile=ca) if ca else None
 socks = []
 for _ in range(count):
     s = socket.create_connection(("127.0.0.1", port))
+    if context:
+        s = context.wrap_socket(s, server_hostname="localhost")
     s.sendall(b"PING\r\n")
     socks.append(s)
 for s in socks:
     assert s.recv(16) == b"+PONG\r\n"
 time.sleep(1)
 rss = [l for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS")][0].split()[1]
-print(f"with {count} idle connections: {int(rss)/1024:.1f} MB")
+print(f"with {count} idle {label}: {int(rss)/1024:.1f} MB")
 for s in socks:
     s.close()
 PY
+}
+idle_clients "$port" "connections"
 
 if command -v openssl >/dev/null; then
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-    -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
-    -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+  self_signed_cert "$work"
   tls_port=$(free_port)
-  printf '[tls]\nbind = "127.0.0.1:%s"\ncert_file = "%s"\nkey_file = "%s"\n' \
-    "$tls_port" "$work/cert.pem" "$work/key.pem" > "$work/tls.toml"
+  tls_section "$tls_port" "$work" > "$work/tls.toml"
   start_leafd --config "$work/tls.toml"
-  python3 - "$tls_port" "$connections" "$pid" "$work/cert.pem" <<'PY'
-import socket, ssl, sys, time
-port, count, pid, ca = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-context = ssl.create_default_context(cafile=ca)
-socks = []
-for _ in range(count):
-    s = context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="localhost")
-    s.sendall(b"PING\r\n")
-    socks.append(s)
-for s in socks:
-    assert s.recv(16) == b"+PONG\r\n"
-time.sleep(1)
-rss = [l for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS")][0].split()[1]
-print(f"with {count} idle TLS connections: {int(rss)/1024:.1f} MB")
-for s in socks:
-    s.close()
-PY
+  idle_clients "$tls_port" "TLS connections" "$work/cert.pem"
 fi
 start_leafd
 
