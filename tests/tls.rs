@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::backends::required_env;
-use common::{resp, sqlite_config};
+use common::{read_lines, resp, sqlite_config};
 use leafd::app::App;
 use leafd::config::{Config, TlsConfig};
 use leafd::server::Listeners;
@@ -175,18 +175,7 @@ async fn exchange(
     lines: usize,
 ) -> std::io::Result<String> {
     stream.write_all(request).await?;
-    let mut out = Vec::new();
-    let mut buf = [0u8; 8192];
-    while out.windows(2).filter(|w| w == b"\r\n").count() < lines {
-        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
-            .await
-            .map_err(|_| std::io::Error::other("no reply within 5 s"))??;
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-    Ok(String::from_utf8_lossy(&out).into_owned())
+    read_lines(stream, lines).await
 }
 
 #[tokio::test]

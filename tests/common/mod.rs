@@ -134,19 +134,7 @@ impl RawClient {
     }
 
     pub async fn read_lines(&mut self, lines: usize) -> String {
-        let mut out = Vec::new();
-        let mut buf = [0u8; 4096];
-        while out.windows(2).filter(|w| w == b"\r\n").count() < lines {
-            let n = tokio::time::timeout(Duration::from_secs(5), self.stream.read(&mut buf))
-                .await
-                .expect("reply within 5 s")
-                .unwrap();
-            if n == 0 {
-                break;
-            }
-            out.extend_from_slice(&buf[..n]);
-        }
-        String::from_utf8_lossy(&out).into_owned()
+        read_lines(&mut self.stream, lines).await.unwrap()
     }
 
     /// True when the server closed the connection (EOF within 5 s).
@@ -157,6 +145,26 @@ impl RawClient {
             Ok(Ok(0)) | Ok(Err(_))
         )
     }
+}
+
+/// Reads from any stream (plain or TLS) until `lines` CRLF-terminated lines arrived or EOF;
+/// an error when nothing arrives for 5 s or the stream fails.
+pub async fn read_lines(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    lines: usize,
+) -> std::io::Result<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    while out.windows(2).filter(|w| w == b"\r\n").count() < lines {
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+            .await
+            .map_err(|_| std::io::Error::other("no reply within 5 s"))??;
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Encodes a command as a RESP array of bulk strings.
