@@ -11,7 +11,7 @@ use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, Criterion};
 use leafd::engine::clock::SystemClock;
 use leafd::engine::segment::{SegmentEngine, SegmentSettings};
-use leafd::engine::snowflake::{Attempt, Layout, SnowflakeEngine};
+use leafd::engine::snowflake::{Attempt, IssueLimit, Layout, SnowflakeEngine};
 use leafd::metrics::Metrics;
 use leafd::protocol::{Reply, RequestDecoder, RespVersion};
 use leafd::storage::MemoryStore;
@@ -106,7 +106,15 @@ fn segment(c: &mut Criterion) {
 }
 
 fn snowflake(c: &mut Criterion) {
-    let engine = SnowflakeEngine::new(Layout::default(), 1, 5, Arc::new(SystemClock), None);
+    // The limit is checked on every ID as in production (a fence far ahead never stops it).
+    let engine = SnowflakeEngine::new(
+        Layout::default(),
+        1,
+        5,
+        Arc::new(SystemClock),
+        Arc::new(IssueLimit::unbounded()),
+        Duration::from_secs(1),
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

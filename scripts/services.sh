@@ -44,9 +44,8 @@ if ! port_open 3306; then
     --user=mysql --bind-address=127.0.0.1 --port=3306
   wait_port 3306 MariaDB
 fi
-if ! mysql -uroot -h127.0.0.1 -e "SELECT 1" >/dev/null 2>&1; then
-  mysql -uroot -e "ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('')"
-fi
+# Password first: sqlx does not follow a switch to the unix_socket plugin.
+mysql -uroot -e "ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket"
 
 # redis-server, the peer of bench/compare.sh; no persistence.
 need redis-server redis-server redis-tools

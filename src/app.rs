@@ -8,11 +8,14 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigError, CoordinatorKind};
-use crate::coord::zookeeper::{self, ZkShared, ZkWorker};
-use crate::coord::CoordError;
+use crate::coord::fence::FenceSettings;
+use crate::coord::fence_file::FenceFile;
+use crate::coord::static_id::StaticCoordinator;
+use crate::coord::zookeeper::{ZkCoordinator, ZkShared};
+use crate::coord::{self, CoordError, Coordinator, Worker};
 use crate::engine::clock::{Clock, SystemClock};
 use crate::engine::segment::{SegmentEngine, SegmentError, SegmentSettings};
-use crate::engine::snowflake::{SnowflakeEngine, WorkerLease};
+use crate::engine::snowflake::SnowflakeEngine;
 use crate::metrics::Metrics;
 use crate::storage::{self, DeferredStore, SegmentStore, StoreError};
 
@@ -46,7 +49,7 @@ pub struct App {
     pub snowflake: Option<Arc<SnowflakeEngine>>,
     /// The ZooKeeper registration's state, when the worker id comes from ZooKeeper.
     pub zookeeper: Option<Arc<ZkShared>>,
-    zk_worker: tokio::sync::Mutex<Option<ZkWorker>>,
+    worker: tokio::sync::Mutex<Option<Worker>>,
     pub stats: ServerStats,
     pub started_at: Instant,
     storage_ready: AtomicBool,
@@ -106,7 +109,7 @@ impl App {
         config: Config,
         store: Arc<dyn SegmentStore>,
         clock: Arc<dyn Clock>,
-        (snowflake, zk_worker): (Option<Arc<SnowflakeEngine>>, Option<ZkWorker>),
+        started: StartedSnowflake,
     ) -> Arc<App> {
         // Without an HTTP listener nobody can scrape, so nothing is recorded.
         let metrics = Arc::new(if config.http.enabled {
@@ -129,9 +132,9 @@ impl App {
             config,
             segments,
             metrics,
-            snowflake,
-            zookeeper: zk_worker.as_ref().map(|w| w.shared.clone()),
-            zk_worker: tokio::sync::Mutex::new(zk_worker),
+            snowflake: started.engine,
+            zookeeper: started.zookeeper,
+            worker: tokio::sync::Mutex::new(started.worker),
             stats: ServerStats::default(),
             started_at: Instant::now(),
             storage_ready: AtomicBool::new(false),
@@ -285,43 +288,86 @@ impl App {
         self.tls_port.store(port, Ordering::Relaxed);
     }
 
-    /// Stops background tasks, leaves ZooKeeper and closes the database pool.
+    /// Stops background tasks, releases the worker id and closes the database pool.
     pub async fn close(&self) {
         self.background.cancel();
-        if let Some(worker) = self.zk_worker.lock().await.take() {
+        if let Some(worker) = self.worker.lock().await.take() {
             worker.close().await;
         }
         self.segments.store().close().await;
     }
 }
 
-/// Obtains the worker id (static or ZooKeeper) and builds the snowflake engine.
+/// The snowflake engine and what keeps its worker id.
+#[derive(Default)]
+struct StartedSnowflake {
+    engine: Option<Arc<SnowflakeEngine>>,
+    worker: Option<Worker>,
+    zookeeper: Option<Arc<ZkShared>>,
+}
+
+/// Obtains the worker id from the configured coordinator, opens the time fence and builds
+/// the snowflake engine.
 async fn start_snowflake(
     config: &Config,
     clock: Arc<dyn Clock>,
-) -> Result<(Option<Arc<SnowflakeEngine>>, Option<ZkWorker>), AppError> {
+) -> Result<StartedSnowflake, AppError> {
     let sf = &config.snowflake;
     if !sf.enabled {
-        return Ok((None, None));
+        return Ok(StartedSnowflake::default());
     }
     let layout = sf.layout();
-    let (worker_id, worker) = match sf.coordinator {
-        CoordinatorKind::Static => (sf.worker_id, None),
+    let mut zookeeper = None;
+    let coordinator: Box<dyn Coordinator> = match sf.coordinator {
+        CoordinatorKind::Static => Box::new(StaticCoordinator {
+            worker_id: sf.worker_id,
+        }),
         CoordinatorKind::Zookeeper => {
-            let endpoint = zookeeper::endpoint_for(&sf.zookeeper, config.resp_bind());
-            let worker = zookeeper::acquire(
-                &sf.zookeeper,
-                &endpoint,
-                layout.max_worker_id(),
-                clock.clone(),
-            )
-            .await?;
-            (worker.worker_id, Some(worker))
+            let endpoint = coord::identity::endpoint(
+                sf.zookeeper.advertise.as_deref(),
+                config.resp_bind(),
+            )?;
+            let zk = ZkCoordinator {
+                cfg: sf.zookeeper.clone(),
+                endpoint,
+                max_worker_id: layout.max_worker_id(),
+                clock: clock.clone(),
+                shared: Arc::default(),
+            };
+            zookeeper = Some(zk.shared.clone());
+            Box::new(zk)
         }
     };
-    let lease = worker
-        .as_ref()
-        .map(|w| w.shared.clone() as Arc<dyn WorkerLease>);
-    let engine = SnowflakeEngine::new(layout, worker_id, sf.max_backward_ms, clock, lease);
-    Ok((Some(Arc::new(engine)), worker))
+    let settings = FenceSettings {
+        window_ms: sf.fence_window_ms,
+        max_start_wait_ms: sf.max_start_wait_ms,
+    };
+    let fence_file = FenceFile::new(sf.fence_path(&config.storage.url));
+    let worker = coord::start(
+        coordinator.as_ref(),
+        &layout,
+        fence_file,
+        settings,
+        clock.clone(),
+    )
+    .await?;
+    tracing::info!(
+        coordinator = worker.kind,
+        worker_id = worker.worker_id,
+        fence_file = %sf.fence_path(&config.storage.url).display(),
+        "snowflake worker id held; time fence open"
+    );
+    let engine = SnowflakeEngine::new(
+        layout,
+        worker.worker_id,
+        sf.max_backward_ms,
+        clock,
+        worker.limit.clone(),
+        Duration::from_millis(sf.fence_wait_ms),
+    );
+    Ok(StartedSnowflake {
+        engine: Some(Arc::new(engine)),
+        worker: Some(worker),
+        zookeeper,
+    })
 }

@@ -314,6 +314,16 @@ pub struct SnowflakeConfig {
     pub coordinator: CoordinatorKind,
     /// The worker id when `coordinator = "static"`.
     pub worker_id: u64,
+    /// The durable time fence: no ID carries a timestamp past the one in this file. Empty:
+    /// `snowflake-fence.json` beside the SQLite database, or `data/snowflake-fence.json`.
+    pub fence_file: String,
+    /// How far ahead of the clock the fence is kept (it is extended every quarter of this).
+    pub fence_window_ms: u64,
+    /// At start, a clock behind the fence by up to this much is waited out; more is refused.
+    pub max_start_wait_ms: u64,
+    /// A request that meets the fence (its extension is late) waits this long, then gets
+    /// `UNAVAILABLE`.
+    pub fence_wait_ms: u64,
     pub zookeeper: ZookeeperConfig,
 }
 
@@ -330,12 +340,37 @@ impl Default for SnowflakeConfig {
             max_batch: 4096,
             coordinator: CoordinatorKind::Static,
             worker_id: 0,
+            fence_file: String::new(),
+            fence_window_ms: 3000,
+            max_start_wait_ms: 5000,
+            fence_wait_ms: 1000,
             zookeeper: ZookeeperConfig::default(),
         }
     }
 }
 
 impl SnowflakeConfig {
+    /// The fence file: `fence_file`, else beside the SQLite database of `storage_url`, else
+    /// `data/snowflake-fence.json`.
+    pub fn fence_path(&self, storage_url: &str) -> std::path::PathBuf {
+        if !self.fence_file.is_empty() {
+            return self.fence_file.clone().into();
+        }
+        let sqlite_dir = storage_url
+            .strip_prefix("sqlite://")
+            .map(|rest| rest.split('?').next().unwrap_or(rest))
+            .filter(|path| !path.is_empty() && !path.starts_with(':'))
+            .map(|path| {
+                std::path::Path::new(path)
+                    .parent()
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or_default()
+            });
+        sqlite_dir
+            .unwrap_or_else(|| "data".into())
+            .join("snowflake-fence.json")
+    }
+
     pub fn layout(&self) -> crate::engine::snowflake::Layout {
         crate::engine::snowflake::Layout {
             epoch_ms: self.epoch_ms,
@@ -370,6 +405,10 @@ pub struct ZookeeperConfig {
     /// cannot report for half this long stops issuing snowflake IDs, so that its id can never
     /// be in use twice.
     pub reuse_after_secs: u64,
+    /// Each report writes a fence this far ahead of the clock into ZooKeeper; the node issues
+    /// no ID past the last fence written, so it stops this long after losing ZooKeeper, and
+    /// a node that takes the id over later waits until its clock has passed it.
+    pub lease_ms: u64,
     /// Local copy of the worker id and last reported time, used when ZooKeeper is down at start.
     pub cache_file: String,
 }
@@ -386,6 +425,7 @@ impl Default for ZookeeperConfig {
             report_interval_ms: 3_000,
             max_clock_skew_ms: 5_000,
             reuse_after_secs: 86_400,
+            lease_ms: 10_000,
             cache_file: "data/snowflake-worker.json".into(),
         }
     }
@@ -541,6 +581,9 @@ impl Config {
         if sf.max_batch == 0 || sf.max_batch > 100_000 {
             return invalid("snowflake.max_batch must be between 1 and 100000".into());
         }
+        if !(100..=600_000).contains(&sf.fence_window_ms) {
+            return invalid("snowflake.fence_window_ms must be between 100 and 600000".into());
+        }
         let zk = &sf.zookeeper;
         if sf.coordinator == CoordinatorKind::Zookeeper {
             if !zk.root.starts_with('/') || zk.root.ends_with('/') || zk.cluster.contains('/') {
@@ -551,6 +594,11 @@ impl Config {
             }
             if zk.report_interval_ms == 0 || zk.session_timeout_ms == 0 {
                 return invalid("snowflake.zookeeper intervals must be > 0".into());
+            }
+            if zk.lease_ms < 2 * zk.report_interval_ms {
+                return invalid(
+                    "snowflake.zookeeper.lease_ms must be at least twice report_interval_ms".into(),
+                );
             }
             if zk.reuse_after_secs != 0 && zk.reuse_after_secs * 1000 < 10 * zk.session_timeout_ms {
                 return invalid(

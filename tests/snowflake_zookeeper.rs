@@ -14,7 +14,7 @@ use leafd::config::{CoordinatorKind, ZookeeperConfig};
 use leafd::coord::zookeeper::{self, ZkWorker};
 use leafd::coord::CoordError;
 use leafd::engine::clock::{Clock, OffsetClock, SystemClock};
-use leafd::engine::snowflake::{Layout, WorkerLease};
+use leafd::engine::snowflake::Layout;
 
 const MAX_WORKER_ID: u64 = 1023;
 
@@ -34,6 +34,7 @@ impl Cluster {
             session_timeout_ms: 2000,
             connect_timeout_ms: 2000,
             report_interval_ms: 200,
+            lease_ms: 1000,
             reuse_after_secs: 0,
             ..ZookeeperConfig::default()
         };
@@ -171,36 +172,24 @@ async fn a_node_starts_from_its_cache_while_zookeeper_is_down_and_reconnects() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_clock_behind_the_last_report_refuses_to_start() {
-    let Some(cluster) = Cluster::new("clock_behind_last_report") else {
+async fn a_restart_reports_the_fence_its_previous_run_left_in_zookeeper() {
+    let Some(cluster) = Cluster::new("fence_in_zookeeper") else {
         return;
     };
     let endpoint = "10.0.2.1:6380";
     let worker = cluster.acquire(endpoint).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await; // at least one report
+    let reported = SystemClock.now_millis();
     worker.close().await;
-    let behind = Arc::new(OffsetClock::new(Arc::new(SystemClock), -60_000));
-    let err = cluster
-        .acquire_with(&cluster.node(endpoint), endpoint, MAX_WORKER_ID, behind)
-        .await
-        .err()
-        .expect("must refuse");
-    match err {
-        CoordError::ClockBehindLastReport(ms) => assert!((59_000..=61_000).contains(&ms), "{ms}"),
-        other => panic!("{other}"),
-    }
-    // The local cache enforces the same rule when ZooKeeper is down.
-    let mut offline = cluster.node(endpoint);
-    offline.connect = "127.0.0.1:1".into();
-    let behind = Arc::new(OffsetClock::new(Arc::new(SystemClock), -60_000));
-    let err = cluster
-        .acquire_with(&offline, endpoint, MAX_WORKER_ID, behind)
-        .await;
+    // The next holder must start past the fence: one lease ahead of the last report.
+    let again = cluster.acquire(endpoint).await.unwrap();
+    let lease = cluster.cfg.lease_ms;
     assert!(
-        matches!(err, Err(CoordError::ClockBehindLastReport(_))),
-        "{:?}",
-        err.err()
+        again.floor_ms + 1000 >= reported + lease && again.floor_ms <= reported + lease + 1000,
+        "floor {} vs report {reported} + lease {lease}",
+        again.floor_ms
     );
+    again.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,7 +304,7 @@ async fn dead_nodes_ids_are_reused_only_after_the_grace_period() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_lease_stops_ids_only_after_half_the_grace_period_without_reports() {
+async fn the_lease_stops_ids_only_once_the_fence_written_into_zookeeper_is_reached() {
     let Some(cluster) = Cluster::new("lease") else {
         return;
     };
@@ -329,11 +318,11 @@ async fn the_lease_stops_ids_only_after_half_the_grace_period_without_reports() 
         .unwrap();
     proxy.cut();
     // ZooKeeper being unreachable does not stop ID service at once...
-    assert_eq!(worker.shared.check(SystemClock.now_millis()), Ok(()));
-    // ...but once half the grace period passed without a report, the id may go to another
+    assert_eq!(worker.limit.check(SystemClock.now_millis()), Ok(()));
+    // ...but once the fence last written into ZooKeeper is reached, the id may go to another
     // node, so this one must stop.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let refused = worker.shared.check(SystemClock.now_millis()).unwrap_err();
+    tokio::time::sleep(Duration::from_millis(cfg.lease_ms + 300)).await;
+    let refused = worker.limit.check(SystemClock.now_millis()).unwrap_err();
     assert!(refused.contains("no ZooKeeper time report"), "{refused}");
     worker.close().await;
 }

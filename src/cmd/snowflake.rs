@@ -25,7 +25,9 @@ fn snowflake_error(err: &SnowflakeError) -> Reply {
     match err {
         SnowflakeError::ClockBack(_) => Reply::error(format!("CLOCKBACK {err}")),
         SnowflakeError::Unavailable(_) => Reply::error(format!("UNAVAILABLE snowflake: {err}")),
-        SnowflakeError::Exhausted => Reply::error(format!("ERR {err}")),
+        SnowflakeError::Exhausted | SnowflakeError::BeforeEpoch => {
+            Reply::error(format!("ERR {err}"))
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-//! The local worker-id cache: the last worker id and reported time this node had, so it can
-//! start (with the same id, and the clock check) while ZooKeeper is unreachable.
+//! The local worker-id cache: the last worker id, reported time and ZooKeeper session this
+//! node had, so it can start while ZooKeeper is unreachable and recognise its own old session.
 
 use std::path::Path;
 
@@ -13,6 +13,10 @@ pub struct CachedWorker {
     pub endpoint: String,
     pub worker_id: u64,
     pub last_timestamp_ms: u64,
+    /// The ZooKeeper session that held the id: after a restart, its liveness node is this
+    /// node's own and is waited for, not mistaken for another node's.
+    #[serde(default)]
+    pub session_id: Option<i64>,
 }
 
 fn cache_error(path: &Path, reason: impl ToString) -> CoordError {
@@ -58,6 +62,7 @@ mod tests {
             endpoint: "10.0.0.1:6380".into(),
             worker_id: 42,
             last_timestamp_ms: 1_764_000_000_000,
+            session_id: Some(0x1234),
         };
         store(&path, &worker).unwrap();
         assert_eq!(load(&path).unwrap(), Some(worker));

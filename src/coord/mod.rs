@@ -1,14 +1,32 @@
-//! Snowflake worker ids: a fixed id from the configuration, or Leaf-snowflake's ZooKeeper
-//! registration with a local cache file, clock checks and safe reuse of dead nodes' ids.
+//! Snowflake worker ids and the time fence: one [`Coordinator`] trait, one implementation per
+//! backend (static, ZooKeeper), and [`start`], which makes any of them safe across restarts.
 
 pub mod cache;
+pub mod fence;
+pub mod fence_file;
+pub mod identity;
+pub mod static_id;
 pub mod zookeeper;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::clock::Clock;
+use crate::engine::snowflake::{IssueLimit, Layout};
+use fence::{FenceKeeper, FenceSettings};
+use fence_file::FenceFile;
 
 /// Why a worker id could not be obtained; every one of these stops the start.
 #[derive(Debug, thiserror::Error)]
 pub enum CoordError {
-    #[error("clock is {0} ms behind this node's last reported time (the clock went back across a restart); refusing to start until it has caught up")]
-    ClockBehindLastReport(u64),
+    #[error("clock is {gap_ms} ms behind {what} (the clock went back across a restart, or another node used this worker id until then); refusing to start: wait at most {max_wait_ms} ms is configured")]
+    ClockBehindFence {
+        gap_ms: u64,
+        what: String,
+        max_wait_ms: u64,
+    },
     #[error("clock differs from the average of the other live nodes by {skew} ms (limit {max} ms); refusing to start")]
     ClockSkew { skew: i64, max: u64 },
     #[error("no free worker id: {0}")]
@@ -19,4 +37,88 @@ pub enum CoordError {
     Zookeeper(#[from] zookeeper_client::Error),
     #[error("worker-id cache {path}: {reason}")]
     Cache { path: String, reason: String },
+    #[error("time fence file {0}")]
+    Fence(String),
+    #[error("snowflake.epoch_ms {epoch_ms} is {ahead_ms} ms in the future; IDs would be negative")]
+    EpochInFuture { epoch_ms: u64, ahead_ms: u64 },
+    #[error("node identity: {0}")]
+    Identity(String),
+}
+
+/// A worker id a coordinator granted, kept by the coordinator's own task until closed.
+#[async_trait]
+pub trait HeldWorker: Send + Sync {
+    fn worker_id(&self) -> u64;
+    /// The time the id's previous holders recorded: no ID may be issued until the clock is
+    /// past it (0: nothing recorded).
+    fn floor_ms(&self) -> u64;
+    /// How far ahead of its clock a holder may have recorded that floor (beyond the usual
+    /// start wait, a restart may wait this much longer for it).
+    fn floor_wait_ms(&self) -> u64;
+    /// Releases the id (stops reports, removes liveness records).
+    async fn close(self: Box<Self>);
+}
+
+/// Where worker ids come from. An implementation sets the lease part of the limit it is given
+/// (how long the id is surely this node's) and keeps it up to date; [`start`] adds the fence.
+#[async_trait]
+pub trait Coordinator: Send + Sync {
+    /// `static`, `zookeeper`, …: for logs, INFO and `check-config`.
+    fn kind(&self) -> &'static str;
+    async fn acquire(&self, limit: Arc<IssueLimit>) -> Result<Box<dyn HeldWorker>, CoordError>;
+}
+
+/// A worker id in use, with the limit its engine obeys.
+pub struct Worker {
+    pub worker_id: u64,
+    pub kind: &'static str,
+    pub limit: Arc<IssueLimit>,
+    held: Box<dyn HeldWorker>,
+    stop: CancellationToken,
+    fence_task: tokio::task::JoinHandle<()>,
+}
+
+impl Worker {
+    /// Stops extending the fence and releases the id.
+    pub async fn close(self) {
+        self.stop.cancel();
+        let _ = self.fence_task.await;
+        self.held.close().await;
+    }
+}
+
+/// Obtains a worker id from `coordinator`, then opens the time fence in `fence_file`: waits
+/// until the clock is past every fence this node and the id's previous holders recorded (or
+/// refuses), makes the first fence durable, and keeps extending it in the background.
+pub async fn start(
+    coordinator: &dyn Coordinator,
+    layout: &Layout,
+    fence_file: FenceFile,
+    settings: FenceSettings,
+    clock: Arc<dyn Clock>,
+) -> Result<Worker, CoordError> {
+    let now = clock.now_millis();
+    if now < layout.epoch_ms {
+        return Err(CoordError::EpochInFuture {
+            epoch_ms: layout.epoch_ms,
+            ahead_ms: layout.epoch_ms - now,
+        });
+    }
+    let limit = Arc::new(IssueLimit::new());
+    let held = coordinator.acquire(limit.clone()).await?;
+    let keeper = FenceKeeper::new(fence_file, settings, clock, limit.clone());
+    if let Err(e) = keeper.open(held.floor_ms(), held.floor_wait_ms()).await {
+        held.close().await;
+        return Err(e);
+    }
+    let stop = CancellationToken::new();
+    let fence_task = keeper.spawn(stop.clone());
+    Ok(Worker {
+        worker_id: held.worker_id(),
+        kind: coordinator.kind(),
+        limit,
+        held,
+        stop,
+        fence_task,
+    })
 }

@@ -2,12 +2,14 @@
 //! clock rules that make a repeated or decreasing ID impossible.
 
 pub mod layout;
+pub mod limit;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use layout::{Decoded, Layout};
+pub use limit::IssueLimit;
 
 use crate::engine::clock::Clock;
 
@@ -17,11 +19,15 @@ pub enum SnowflakeError {
     /// The clock is behind the last timestamp used by more than the tolerated wait.
     #[error("clock moved back {0} ms")]
     ClockBack(u64),
-    /// The worker id is not (or no longer) safe to use, e.g. its ZooKeeper lease lapsed.
+    /// The worker id is not (or no longer) safe to use, e.g. its ZooKeeper lease lapsed, or
+    /// the time fence could not be extended.
     #[error("{0}")]
     Unavailable(String),
     #[error("clock is past the last timestamp the layout can hold")]
     Exhausted,
+    /// The clock is before the layout's epoch: IDs would be negative.
+    #[error("clock is before the snowflake epoch")]
+    BeforeEpoch,
 }
 
 /// Counters of the engine's activity.
@@ -49,6 +55,8 @@ pub enum Attempt {
     ClockBehind(u64),
     /// This millisecond's sequence is used up: retry in the next millisecond.
     NextMillisecond,
+    /// The clock is past the issue limit (the time fence or the lease): wait for it to move.
+    Fenced,
 }
 
 /// Sequence numbers reserved by one attempt, before they are encoded into IDs.
@@ -60,13 +68,7 @@ enum Reserved {
     },
     ClockBehind(u64),
     NextMillisecond,
-}
-
-/// A guard consulted before every ID: it lets a coordinator stop the engine when the worker id
-/// may have been handed to another node.
-pub trait WorkerLease: Send + Sync + 'static {
-    /// `Err(reason)` when IDs must not be issued now.
-    fn check(&self, now_ms: u64) -> Result<(), String>;
+    Fenced,
 }
 
 /// The snowflake generator of one worker.
@@ -75,19 +77,23 @@ pub struct SnowflakeEngine {
     worker_id: u64,
     max_backward_ms: u64,
     clock: Arc<dyn Clock>,
-    lease: Option<Arc<dyn WorkerLease>>,
+    limit: Arc<IssueLimit>,
+    /// How long a request waits for the limit to move before it is refused.
+    limit_wait: Duration,
     state: Mutex<State>,
     stats: SnowflakeStats,
 }
 
 impl SnowflakeEngine {
-    /// `worker_id` must fit the layout; the coordinator checked it.
+    /// `worker_id` must fit the layout; the coordinator checked it. IDs carry timestamps up to
+    /// `limit` only; a request that meets it waits up to `limit_wait`, then is refused.
     pub fn new(
         layout: Layout,
         worker_id: u64,
         max_backward_ms: u64,
         clock: Arc<dyn Clock>,
-        lease: Option<Arc<dyn WorkerLease>>,
+        limit: Arc<IssueLimit>,
+        limit_wait: Duration,
     ) -> SnowflakeEngine {
         debug_assert!(worker_id <= layout.max_worker_id());
         SnowflakeEngine {
@@ -95,7 +101,8 @@ impl SnowflakeEngine {
             worker_id,
             max_backward_ms,
             clock,
-            lease,
+            limit,
+            limit_wait,
             state: Mutex::new(State::default()),
             stats: SnowflakeStats::default(),
         }
@@ -107,6 +114,11 @@ impl SnowflakeEngine {
 
     pub fn worker_id(&self) -> u64 {
         self.worker_id
+    }
+
+    /// The time fence and lease this engine obeys.
+    pub fn limit(&self) -> &Arc<IssueLimit> {
+        &self.limit
     }
 
     pub fn stats(&self) -> &SnowflakeStats {
@@ -139,22 +151,26 @@ impl SnowflakeEngine {
             ),
             Reserved::ClockBehind(behind) => Attempt::ClockBehind(behind),
             Reserved::NextMillisecond => Attempt::NextMillisecond,
+            Reserved::Fenced => Attempt::Fenced,
         })
     }
 
     /// Reserves up to `n` sequence numbers of the current millisecond under the lock.
     fn reserve(&self, n: usize) -> Result<Reserved, SnowflakeError> {
-        if let Some(lease) = &self.lease {
-            lease
-                .check(self.clock.now_millis())
-                .map_err(SnowflakeError::Unavailable)?;
-        }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Read under the lock: a time read before it could be older than what another thread
         // has since stored in `last_ms`, which would look like the clock going back.
         let now = self.clock.now_millis();
         if now > self.layout.max_timestamp_ms() {
             return Err(SnowflakeError::Exhausted);
+        }
+        if now < self.layout.epoch_ms {
+            return Err(SnowflakeError::BeforeEpoch);
+        }
+        // The fence and the lease: a timestamp beyond either could repeat after a crash or
+        // belong to another node.
+        if !self.limit.allows(now) {
+            return Ok(Reserved::Fenced);
         }
         if now < st.last_ms {
             let behind = st.last_ms - now;
@@ -197,10 +213,19 @@ impl SnowflakeEngine {
     pub async fn next_ids(&self, n: usize) -> Result<Vec<i64>, SnowflakeError> {
         let mut ids = Vec::with_capacity(n);
         let mut waited_backwards = false;
+        let mut fenced_since: Option<Instant> = None;
         while ids.len() < n {
             match self.try_next(n - ids.len())? {
                 Attempt::Ids(batch) => ids.extend(batch),
                 Attempt::NextMillisecond => tokio::time::sleep(Duration::from_micros(100)).await,
+                Attempt::Fenced => {
+                    let since = *fenced_since.get_or_insert_with(Instant::now);
+                    if self.limit.is_revoked() || since.elapsed() >= self.limit_wait {
+                        let reason = self.limit.reason(self.clock.now_millis());
+                        return Err(SnowflakeError::Unavailable(reason));
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
                 Attempt::ClockBehind(behind) => {
                     if waited_backwards {
                         return Err(SnowflakeError::ClockBack(behind));
@@ -238,7 +263,14 @@ mod tests {
     const T0: u64 = 1_764_000_000_000;
 
     fn engine(clock: Arc<ManualClock>) -> SnowflakeEngine {
-        SnowflakeEngine::new(Layout::default(), 7, 5, clock, None)
+        SnowflakeEngine::new(
+            Layout::default(),
+            7,
+            5,
+            clock,
+            Arc::new(IssueLimit::unbounded()),
+            Duration::ZERO,
+        )
     }
 
     fn ids(attempt: Attempt) -> Vec<i64> {
@@ -341,7 +373,8 @@ mod tests {
             3,
             5,
             Arc::new(crate::engine::clock::SystemClock),
-            None,
+            Arc::new(IssueLimit::unbounded()),
+            Duration::ZERO,
         ));
         let handles: Vec<_> = (0..8)
             .map(|_| {

@@ -1,0 +1,96 @@
+//! The snowflake time fence on local disk: one small JSON file, replaced atomically and fsync'd
+//! (file and directory) before the fence it holds may be used.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// What the file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceRecord {
+    /// No ID this node issued carries a later timestamp (ms since the UNIX epoch).
+    pub fence_ms: u64,
+}
+
+/// A fence file at a fixed path.
+#[derive(Debug, Clone)]
+pub struct FenceFile {
+    path: PathBuf,
+}
+
+/// Temporary files are unique per writer, so two writers never rename each other's file.
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl FenceFile {
+    pub fn new(path: impl Into<PathBuf>) -> FenceFile {
+        FenceFile { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn error(&self, e: impl std::fmt::Display) -> String {
+        format!("{}: {e}", self.path.display())
+    }
+
+    /// The stored fence; `Ok(0)` when there is no file yet.
+    pub fn load(&self) -> Result<u64, String> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => serde_json::from_slice::<FenceRecord>(&bytes)
+                .map(|r| r.fence_ms)
+                .map_err(|e| self.error(format!("unreadable ({e}); if the node's IDs may have been issued, restore it or wait past the last fence, then delete it"))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// Makes `fence_ms` durable: write a temporary file, fsync it, rename it over the file,
+    /// fsync the directory. Blocking: call from a blocking thread.
+    pub fn store(&self, fence_ms: u64) -> Result<(), String> {
+        let dir = match self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            Some(dir) => dir.to_path_buf(),
+            None => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| self.error(e))?;
+        let tmp = self.path.with_extension(format!(
+            "tmp.{}.{}",
+            std::process::id(),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let json = serde_json::to_vec(&FenceRecord { fence_ms }).map_err(|e| self.error(e))?;
+        let written = (|| {
+            let mut file = std::fs::File::create(&tmp)?;
+            file.write_all(&json)?;
+            file.sync_all()?;
+            std::fs::rename(&tmp, &self.path)?;
+            std::fs::File::open(&dir)?.sync_all()
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.map_err(|e| self.error(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stores_loads_and_names_a_corrupt_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = FenceFile::new(dir.path().join("sub/fence.json"));
+        assert_eq!(file.load(), Ok(0));
+        file.store(1_764_000_003_000).unwrap();
+        assert_eq!(file.load(), Ok(1_764_000_003_000));
+        file.store(1_764_000_006_000).unwrap();
+        assert_eq!(file.load(), Ok(1_764_000_006_000));
+        assert_eq!(std::fs::read_dir(dir.path().join("sub")).unwrap().count(), 1);
+        std::fs::write(file.path(), b"{torn").unwrap();
+        let err = file.load().unwrap_err();
+        assert!(err.contains("fence.json") && err.contains("unreadable"), "{err}");
+    }
+}

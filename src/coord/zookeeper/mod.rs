@@ -1,0 +1,185 @@
+//! Leaf-snowflake's ZooKeeper coordinator. Tree under `{root}/{cluster}`:
+//! `forever/{ip}:{port}-{id}` (persistent: last report and fence) and `alive/{id}` (ephemeral:
+//! the lock that makes a worker id one session's at a time).
+
+mod registry;
+mod supervisor;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use self::registry::Registry;
+use super::{CoordError, Coordinator, HeldWorker};
+use crate::config::ZookeeperConfig;
+use crate::engine::clock::Clock;
+use crate::engine::snowflake::IssueLimit;
+
+/// Connection state for INFO and metrics.
+#[derive(Debug, Default)]
+pub struct ZkShared {
+    connected: AtomicBool,
+    last_report_ms: AtomicU64,
+}
+
+impl ZkShared {
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Clock time of the last successful time report (or of the start from the cache).
+    pub fn last_report_ms(&self) -> u64 {
+        self.last_report_ms.load(Ordering::Relaxed)
+    }
+}
+
+/// A worker id held through ZooKeeper, kept by a background task until closed.
+pub struct ZkWorker {
+    pub worker_id: u64,
+    pub shared: Arc<ZkShared>,
+    /// The lease this registration maintains: the fence last written into ZooKeeper.
+    pub limit: Arc<IssueLimit>,
+    /// The fence the id's previous holder left in ZooKeeper.
+    pub floor_ms: u64,
+    lease_ms: u64,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ZkWorker {
+    /// Stops reporting and removes the liveness node (the persistent node keeps the id).
+    pub async fn close(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+#[async_trait]
+impl HeldWorker for ZkWorker {
+    fn worker_id(&self) -> u64 {
+        self.worker_id
+    }
+
+    fn floor_ms(&self) -> u64 {
+        self.floor_ms
+    }
+
+    fn floor_wait_ms(&self) -> u64 {
+        self.lease_ms
+    }
+
+    async fn close(self: Box<Self>) {
+        ZkWorker::close(*self).await
+    }
+}
+
+/// The coordinator as the application uses it.
+pub struct ZkCoordinator {
+    pub cfg: ZookeeperConfig,
+    pub endpoint: String,
+    pub max_worker_id: u64,
+    pub clock: Arc<dyn Clock>,
+    /// Filled by `acquire`, for INFO and metrics.
+    pub shared: Arc<ZkShared>,
+}
+
+#[async_trait]
+impl Coordinator for ZkCoordinator {
+    fn kind(&self) -> &'static str {
+        "zookeeper"
+    }
+
+    async fn acquire(&self, limit: Arc<IssueLimit>) -> Result<Box<dyn HeldWorker>, CoordError> {
+        let worker = acquire_into(
+            &self.cfg,
+            &self.endpoint,
+            self.max_worker_id,
+            self.clock.clone(),
+            limit,
+            self.shared.clone(),
+        )
+        .await?;
+        Ok(Box::new(worker))
+    }
+}
+
+/// Obtains this node's worker id from ZooKeeper (or, if ZooKeeper is unreachable, from the
+/// local cache) and starts the task that reports the time and the fence.
+pub async fn acquire(
+    cfg: &ZookeeperConfig,
+    endpoint: &str,
+    max_worker_id: u64,
+    clock: Arc<dyn Clock>,
+) -> Result<ZkWorker, CoordError> {
+    let limit = Arc::new(IssueLimit::unbounded());
+    acquire_into(cfg, endpoint, max_worker_id, clock, limit, Arc::default()).await
+}
+
+async fn acquire_into(
+    cfg: &ZookeeperConfig,
+    endpoint: &str,
+    max_worker_id: u64,
+    clock: Arc<dyn Clock>,
+    limit: Arc<IssueLimit>,
+    shared: Arc<ZkShared>,
+) -> Result<ZkWorker, CoordError> {
+    let base = format!("{}/{}", cfg.root, cfg.cluster);
+    let registry = Arc::new(Registry {
+        cfg: cfg.clone(),
+        endpoint: endpoint.to_string(),
+        max_worker_id,
+        clock: clock.clone(),
+        forever: format!("{base}/forever"),
+        alive: format!("{base}/alive"),
+    });
+    let cached = registry.read_cache()?;
+    let previous_session = cached.as_ref().and_then(|c| c.session_id);
+    let (client, registered) = match registry.connect().await {
+        Ok(client) => {
+            let registered = registry.register(&client, previous_session).await?;
+            registry.check_skew(&client, &registered).await?;
+            shared.connected.store(true, Ordering::Relaxed);
+            tracing::info!(worker_id = registered.id, node = %registry.forever_path(&registered.child), "snowflake worker id from ZooKeeper");
+            (Some(client), registered)
+        }
+        Err(e) => {
+            let cached = cached.ok_or_else(|| CoordError::Unreachable(e.to_string()))?;
+            tracing::warn!(worker_id = cached.worker_id, error = %e, "ZooKeeper unreachable; using the cached worker id for one lease, reconnecting in the background");
+            (
+                None,
+                registry::Registered {
+                    id: cached.worker_id,
+                    child: registry.own_child(cached.worker_id),
+                    floor_ms: cached.last_timestamp_ms,
+                },
+            )
+        }
+    };
+    let now = clock.now_millis();
+    // The first lease: after a report it runs to the fence written; started from the cache, one
+    // lease from now (the id was ours, and ZooKeeper is asked again before it ends).
+    limit.set_lease(now + cfg.lease_ms, Some(supervisor::lease_problem(now)));
+    shared.last_report_ms.store(now, Ordering::Relaxed);
+    let stop = CancellationToken::new();
+    let worker_id = registered.id;
+    let floor_ms = registered.floor_ms;
+    let task = tokio::spawn(supervisor::supervise(
+        registry,
+        shared.clone(),
+        limit.clone(),
+        client,
+        registered,
+        stop.clone(),
+    ));
+    Ok(ZkWorker {
+        worker_id,
+        shared,
+        limit,
+        floor_ms,
+        lease_ms: cfg.lease_ms,
+        stop,
+        task,
+    })
+}

@@ -1,0 +1,406 @@
+//! Registration in Leaf-snowflake's ZooKeeper tree: finding or creating this node's
+//! `forever/{endpoint}-{id}`, taking `alive/{id}` as the lock, reusing long-dead ids, clock skew.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, Stat};
+
+use super::super::cache::{self, CachedWorker};
+use super::super::CoordError;
+use crate::config::ZookeeperConfig;
+use crate::engine::clock::Clock;
+
+/// What a node stores in its `forever` node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct NodeData {
+    pub endpoint: String,
+    pub worker_id: u64,
+    /// The node's clock at its last report.
+    pub timestamp: u64,
+    /// The node never issues an ID later than this (its lease end); whoever takes the id
+    /// next waits until its own clock is past it.
+    #[serde(default)]
+    pub fence: u64,
+}
+
+impl NodeData {
+    /// The time the next holder of this id must be past.
+    pub fn floor(&self) -> u64 {
+        self.fence.max(self.timestamp)
+    }
+}
+
+/// The outcome of trying to take `alive/{id}`.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Claim {
+    Claimed,
+    /// Another live session holds it.
+    Taken,
+}
+
+/// A worker id this node holds: the id, its `forever` child and the floor its previous
+/// holder left.
+pub(super) struct Registered {
+    pub id: u64,
+    pub child: String,
+    pub floor_ms: u64,
+}
+
+pub(super) struct Registry {
+    pub cfg: ZookeeperConfig,
+    pub endpoint: String,
+    pub max_worker_id: u64,
+    pub clock: Arc<dyn Clock>,
+    pub forever: String,
+    pub alive: String,
+}
+
+pub(super) fn persistent() -> zookeeper_client::CreateOptions<'static> {
+    CreateMode::Persistent.with_acls(Acls::anyone_all())
+}
+
+/// Splits a `forever` child `{endpoint}-{id}` into its parts.
+pub(super) fn parse_child(child: &str) -> Option<(&str, u64)> {
+    let (endpoint, id) = child.rsplit_once('-')?;
+    Some((endpoint, id.parse().ok()?))
+}
+
+impl Registry {
+    pub fn forever_path(&self, child: &str) -> String {
+        format!("{}/{child}", self.forever)
+    }
+
+    pub fn alive_path(&self, id: u64) -> String {
+        format!("{}/{id}", self.alive)
+    }
+
+    pub fn own_child(&self, id: u64) -> String {
+        format!("{}-{id:010}", self.endpoint)
+    }
+
+    /// How far ahead of the clock this node's fence is written into ZooKeeper.
+    pub fn lease_ms(&self) -> u64 {
+        self.cfg.lease_ms
+    }
+
+    pub fn data(&self, id: u64, timestamp: u64, fence: u64) -> Vec<u8> {
+        serde_json::to_vec(&NodeData {
+            endpoint: self.endpoint.clone(),
+            worker_id: id,
+            timestamp,
+            fence,
+        })
+        .unwrap_or_default()
+    }
+
+    pub async fn connect(&self) -> Result<Client, ZkError> {
+        let connecting = Client::connector()
+            .with_session_timeout(Duration::from_millis(self.cfg.session_timeout_ms))
+            .with_connection_timeout(Duration::from_millis(self.cfg.connect_timeout_ms))
+            .connect(&self.cfg.connect);
+        tokio::time::timeout(
+            Duration::from_millis(self.cfg.connect_timeout_ms),
+            connecting,
+        )
+        .await
+        .unwrap_or(Err(ZkError::Timeout))
+    }
+
+    pub async fn read(
+        &self,
+        client: &Client,
+        path: &str,
+    ) -> Result<Option<(NodeData, Stat)>, ZkError> {
+        match client.get_data(path).await {
+            Ok((bytes, stat)) => Ok(serde_json::from_slice(&bytes).ok().map(|d| (d, stat))),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates `alive/{id}` in this client's session. A node held by `previous_session` (this
+    /// node's own session before a restart) is waited for until ZooKeeper expires it; one
+    /// held by any other session means the id is taken. Never deletes a liveness node.
+    pub async fn claim_alive(
+        &self,
+        client: &Client,
+        id: u64,
+        previous_session: Option<i64>,
+    ) -> Result<Claim, ZkError> {
+        let path = self.alive_path(id);
+        let options = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+        // The previous session expires at most one session timeout after it was last heard.
+        let deadline = Instant::now() + Duration::from_millis(self.cfg.session_timeout_ms * 2);
+        let mut logged = false;
+        loop {
+            match client
+                .create(&path, self.endpoint.as_bytes(), &options)
+                .await
+            {
+                Ok(_) => return Ok(Claim::Claimed),
+                Err(ZkError::NodeExists) => {}
+                Err(e) => return Err(e),
+            }
+            let Some(stat) = client.check_stat(&path).await? else {
+                continue; // expired between the two calls
+            };
+            if stat.ephemeral_owner == client.session_id().0 {
+                return Ok(Claim::Claimed);
+            }
+            if Some(stat.ephemeral_owner) != previous_session || Instant::now() > deadline {
+                return Ok(Claim::Taken);
+            }
+            if !logged {
+                tracing::info!(
+                    worker_id = id,
+                    "worker id still held by this node's previous session; waiting for ZooKeeper to expire it"
+                );
+                logged = true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Finds or creates this node's worker id.
+    pub async fn register(
+        &self,
+        client: &Client,
+        previous_session: Option<i64>,
+    ) -> Result<Registered, CoordError> {
+        client.mkdir(&self.forever, &persistent()).await?;
+        client.mkdir(&self.alive, &persistent()).await?;
+        let children = client.list_children(&self.forever).await?;
+
+        // 1. This endpoint registered before: reuse its id, unless another live session (a
+        //    second node configured with the same identity) holds it.
+        let mut own: Vec<(u64, String)> = children
+            .iter()
+            .filter_map(|child| {
+                parse_child(child)
+                    .filter(|(endpoint, _)| *endpoint == self.endpoint)
+                    .map(|(_, id)| (id, child.clone()))
+            })
+            .collect();
+        own.sort();
+        for (id, child) in own {
+            if id > self.max_worker_id {
+                continue;
+            }
+            let floor_ms = self
+                .read(client, &self.forever_path(&child))
+                .await?
+                .map_or(0, |(data, _)| data.floor());
+            if self.claim_alive(client, id, previous_session).await? == Claim::Claimed {
+                return Ok(Registered {
+                    id,
+                    child,
+                    floor_ms,
+                });
+            }
+            tracing::warn!(
+                worker_id = id,
+                endpoint = %self.endpoint,
+                "this endpoint's worker id is held by another live ZooKeeper session: two nodes share one identity (set snowflake.zookeeper.advertise per node); taking another id"
+            );
+        }
+
+        // 2. A new sequential node: ZooKeeper's sequence number is the worker id, never used.
+        let now = self.clock.now_millis();
+        let prefix = self.forever_path(&format!("{}-", self.endpoint));
+        let sequential = CreateMode::PersistentSequential.with_acls(Acls::anyone_all());
+        let (_, seq) = client
+            .create(&prefix, &self.data(0, now, 0), &sequential)
+            .await?;
+        let seq = seq.into_i64();
+        let child = format!("{}-{seq:010}", self.endpoint);
+        if seq >= 0 && (seq as u64) <= self.max_worker_id {
+            let id = seq as u64;
+            client
+                .set_data(&self.forever_path(&child), &self.data(id, now, 0), None)
+                .await?;
+            if self.claim_alive(client, id, None).await? == Claim::Claimed {
+                return Ok(Registered {
+                    id,
+                    child,
+                    floor_ms: 0,
+                });
+            }
+        }
+        client.delete(&self.forever_path(&child), None).await?;
+
+        // 3. Every id has been handed out: take over one whose node is long dead.
+        self.reuse_dead_id(client, &children).await
+    }
+
+    async fn reuse_dead_id(
+        &self,
+        client: &Client,
+        children: &[String],
+    ) -> Result<Registered, CoordError> {
+        if self.cfg.reuse_after_secs == 0 {
+            return Err(CoordError::NoFreeWorkerId(format!(
+                "all {} ids were handed out and reuse is off (reuse_after_secs = 0)",
+                self.max_worker_id + 1
+            )));
+        }
+        let grace_ms = self.cfg.reuse_after_secs * 1000;
+        let alive: Vec<String> = client.list_children(&self.alive).await?;
+        let mut candidates = Vec::new();
+        for child in children {
+            let Some((_, id)) = parse_child(child) else {
+                continue;
+            };
+            if id > self.max_worker_id || alive.iter().any(|a| a == &id.to_string()) {
+                continue;
+            }
+            if let Some((data, _)) = self.read(client, &self.forever_path(child)).await? {
+                candidates.push((data.timestamp, id, child.clone()));
+            }
+        }
+        candidates.sort();
+        for (_, id, child) in candidates {
+            let path = self.forever_path(&child);
+            // The liveness node doubles as the lock: only one claimant can create it.
+            if self.claim_alive(client, id, None).await? != Claim::Claimed {
+                continue;
+            }
+            let now = self.clock.now_millis();
+            let dead_long_enough = match self.read(client, &path).await? {
+                // Our clock must be past the dead owner's fence: then no ID we issue can equal
+                // one it issued.
+                Some((data, stat))
+                    if now.saturating_sub(data.timestamp) >= grace_ms && now > data.floor() =>
+                {
+                    Some((stat.version, data.floor()))
+                }
+                _ => None,
+            };
+            let taken = match dead_long_enough {
+                Some((version, floor)) => match client.delete(&path, Some(version)).await {
+                    Ok(()) => Some(floor),
+                    Err(ZkError::NoNode | ZkError::BadVersion) => None,
+                    Err(e) => return Err(e.into()),
+                },
+                None => None,
+            };
+            let Some(floor_ms) = taken else {
+                // Ours (just created in this session), so deleting it releases only our claim.
+                let _ = client.delete(&self.alive_path(id), None).await;
+                continue;
+            };
+            let own = self.own_child(id);
+            client
+                .create(
+                    &self.forever_path(&own),
+                    &self.data(id, now, floor_ms),
+                    &persistent(),
+                )
+                .await?;
+            tracing::info!(worker_id = id, previous = %child, "reused the worker id of a dead node");
+            return Ok(Registered {
+                id,
+                child: own,
+                floor_ms,
+            });
+        }
+        Err(CoordError::NoFreeWorkerId(format!(
+            "all {} ids are held by live nodes or by nodes dead for less than {} s",
+            self.max_worker_id + 1,
+            self.cfg.reuse_after_secs
+        )))
+    }
+
+    /// Compares this node's clock with the other live nodes', each against ZooKeeper's clock
+    /// (the `mtime` of a node against the time written into it). Writes the first report.
+    pub async fn check_skew(
+        &self,
+        client: &Client,
+        registered: &Registered,
+    ) -> Result<(), CoordError> {
+        let id = registered.id;
+        let written = self.clock.now_millis();
+        let data = self.data(id, written, registered.floor_ms);
+        let stat = client
+            .set_data(&self.forever_path(&registered.child), &data, None)
+            .await?;
+        let own_skew = written as i64 - stat.mtime;
+        let alive: Vec<String> = client.list_children(&self.alive).await?;
+        let mut skews = Vec::new();
+        for child in client.list_children(&self.forever).await? {
+            let Some((endpoint, other)) = parse_child(&child) else {
+                continue;
+            };
+            if other == id
+                || endpoint == self.endpoint
+                || !alive.iter().any(|a| a == &other.to_string())
+            {
+                continue;
+            }
+            if let Some((data, stat)) = self.read(client, &self.forever_path(&child)).await? {
+                skews.push(data.timestamp as i64 - stat.mtime);
+            }
+        }
+        if skews.is_empty() {
+            return Ok(());
+        }
+        let average = skews.iter().sum::<i64>() / skews.len() as i64;
+        let skew = own_skew - average;
+        if skew.unsigned_abs() > self.cfg.max_clock_skew_ms {
+            // Our own session's node: releasing it frees the id we just claimed.
+            let _ = client.delete(&self.alive_path(id), None).await;
+            return Err(CoordError::ClockSkew {
+                skew,
+                max: self.cfg.max_clock_skew_ms,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn read_cache(&self) -> Result<Option<CachedWorker>, CoordError> {
+        Ok(cache::load(self.cfg.cache_file.as_ref())?.filter(|c| {
+            c.endpoint == self.endpoint
+                && c.cluster == self.cfg.cluster
+                && c.worker_id <= self.max_worker_id
+        }))
+    }
+
+    pub fn write_cache(&self, id: u64, timestamp: u64, session_id: Option<i64>) {
+        let worker = CachedWorker {
+            cluster: self.cfg.cluster.clone(),
+            endpoint: self.endpoint.clone(),
+            worker_id: id,
+            last_timestamp_ms: timestamp,
+            session_id,
+        };
+        if let Err(e) = cache::store(self.cfg.cache_file.as_ref(), &worker) {
+            tracing::warn!(error = %e, "cannot write the worker-id cache");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_forever_children() {
+        assert_eq!(
+            parse_child("10.0.0.1:6380-0000000042"),
+            Some(("10.0.0.1:6380", 42))
+        );
+        assert_eq!(
+            parse_child("[::1]:6380-0000000001"),
+            Some(("[::1]:6380", 1))
+        );
+        assert_eq!(parse_child("garbage"), None);
+    }
+
+    #[test]
+    fn old_node_data_without_a_fence_still_parses() {
+        let data: NodeData =
+            serde_json::from_str(r#"{"endpoint":"a:1","worker_id":3,"timestamp":99}"#).unwrap();
+        assert_eq!((data.fence, data.floor()), (0, 99));
+    }
+}

@@ -1,0 +1,211 @@
+//! Keeping a ZooKeeper worker id: verify the liveness node, report the time and a fence one
+//! lease ahead, reconnect after a lost session; stop issuing the moment the id may be another's.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client::{Client, Error as ZkError, EventType, SessionState};
+
+use super::registry::{persistent, Claim, Registered, Registry};
+use super::ZkShared;
+use crate::engine::snowflake::IssueLimit;
+
+/// The reason shown once a lease that began at `reported_ms` ends without a new report.
+pub(super) fn lease_problem(reported_ms: u64) -> String {
+    format!(
+        "no ZooKeeper time report since {} ms (UNIX time); the worker id may be taken by another node",
+        reported_ms
+    )
+}
+
+/// What verifying `alive/{id}` found.
+enum Alive {
+    Ours,
+    Taken,
+}
+
+/// Reports every interval (or at once when the liveness watch fires).
+pub(super) async fn supervise(
+    registry: Arc<Registry>,
+    shared: Arc<ZkShared>,
+    limit: Arc<IssueLimit>,
+    mut client: Option<Client>,
+    registered: Registered,
+    stop: CancellationToken,
+) {
+    let id = registered.id;
+    let interval = Duration::from_millis(registry.cfg.report_interval_ms);
+    let path = registry.forever_path(&registered.child);
+    let watch_fired = Arc::new(Notify::new());
+    let watch_armed = Arc::new(AtomicBool::new(false));
+    let mut last_written = 0u64;
+    let mut first = client.is_some();
+    loop {
+        if !first {
+            tokio::select! {
+                _ = stop.cancelled() => {
+                    if let Some(client) = &client {
+                        // Our own session's node: deleting it frees the id for our successor.
+                        let _ = client.delete(&registry.alive_path(id), None).await;
+                    }
+                    return;
+                }
+                _ = tokio::time::sleep(interval) => {}
+                _ = watch_fired.notified() => {}
+            }
+        }
+        first = false;
+        if client.is_none() {
+            match reconnect(&registry, &path, id).await {
+                Ok(Some(fresh)) => {
+                    tracing::info!(worker_id = id, "ZooKeeper session re-established");
+                    watch_armed.store(false, Ordering::SeqCst);
+                    client = Some(fresh);
+                }
+                Ok(None) => {
+                    limit.revoke(format!(
+                        "worker id {id} was taken over by another node while this one was cut off from ZooKeeper"
+                    ));
+                    return;
+                }
+                Err(_) => continue,
+            }
+        }
+        let Some(active) = &client else { continue };
+        match verify_alive(&registry, active, id, &limit, &watch_armed, &watch_fired).await {
+            Ok(Alive::Ours) => {}
+            Ok(Alive::Taken) => {
+                limit.revoke(format!(
+                    "the liveness node of worker id {id} is held by another ZooKeeper session"
+                ));
+                return;
+            }
+            Err(e) => {
+                if lost_contact(&shared, active, &e) {
+                    client = None;
+                }
+                continue;
+            }
+        }
+        // Never write a smaller time than before: the clock may have stepped back.
+        let now = registry.clock.now_millis().max(last_written);
+        let fence = now + registry.lease_ms();
+        match active
+            .set_data(&path, &registry.data(id, now, fence), None)
+            .await
+        {
+            Ok(_) => {
+                last_written = now;
+                // The fence is in ZooKeeper: whoever takes the id next starts past it.
+                limit.set_lease(fence, Some(lease_problem(now)));
+                shared.last_report_ms.store(now, Ordering::Relaxed);
+                if !shared.connected.swap(true, Ordering::Relaxed) {
+                    tracing::info!("ZooKeeper time reports succeed again");
+                }
+                registry.write_cache(id, now, Some(active.session_id().0));
+            }
+            Err(ZkError::NoNode) => {
+                limit.revoke(format!("the ZooKeeper node of worker id {id} was removed"));
+                return;
+            }
+            Err(e) => {
+                if lost_contact(&shared, active, &e) {
+                    client = None;
+                }
+            }
+        }
+    }
+}
+
+/// Records a failed call; true when the session is over and a new one is needed.
+fn lost_contact(shared: &ZkShared, active: &Client, error: &ZkError) -> bool {
+    if shared.connected.swap(false, Ordering::Relaxed) {
+        tracing::warn!(%error, "ZooKeeper time report failed; ID service continues until the lease ends");
+    }
+    // Within a session the client reconnects by itself; a dead session needs a new one.
+    matches!(
+        active.state(),
+        SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
+    )
+}
+
+/// Checks that `alive/{id}` is this session's, re-creating it if it vanished while nobody
+/// else took it, and keeps a watch on it: if it is deleted or the session ends, the lease
+/// ends at once and the supervisor checks again.
+async fn verify_alive(
+    registry: &Registry,
+    client: &Client,
+    id: u64,
+    limit: &Arc<IssueLimit>,
+    armed: &Arc<AtomicBool>,
+    fired: &Arc<Notify>,
+) -> Result<Alive, ZkError> {
+    let path = registry.alive_path(id);
+    let (stat, watcher) = client.check_and_watch_stat(&path).await?;
+    let ours = match stat {
+        Some(stat) => stat.ephemeral_owner == client.session_id().0,
+        None => registry.claim_alive(client, id, None).await? == Claim::Claimed,
+    };
+    if !ours {
+        return Ok(Alive::Taken);
+    }
+    if !armed.swap(true, Ordering::SeqCst) {
+        let limit = limit.clone();
+        let armed = armed.clone();
+        let fired = fired.clone();
+        tokio::spawn(async move {
+            let event = watcher.changed().await;
+            let lost = event.event_type == EventType::NodeDeleted
+                || (event.event_type == EventType::Session && event.session_state.is_terminated());
+            if lost {
+                limit.set_lease(
+                    0,
+                    Some(format!("the liveness node of worker id {id} is gone (deleted, or the ZooKeeper session ended); waiting to hold it again")),
+                );
+            }
+            armed.store(false, Ordering::SeqCst);
+            fired.notify_one();
+        });
+    }
+    Ok(Alive::Ours)
+}
+
+/// A new session for a node that already has its id. `Ok(None)` when the id is no longer ours.
+async fn reconnect(registry: &Registry, path: &str, id: u64) -> Result<Option<Client>, ZkError> {
+    let client = registry.connect().await?;
+    client.mkdir(&registry.alive, &persistent()).await?;
+    match registry.read(&client, path).await? {
+        Some((data, _)) if data.endpoint == registry.endpoint && data.worker_id == id => {}
+        Some(_) => return Ok(None),
+        None => {
+            // Started from the cache with a node that never existed, or that was reused
+            // away: it is ours only if no other node registered the id meanwhile.
+            let now = registry.clock.now_millis();
+            client.mkdir(&registry.forever, &persistent()).await?;
+            let children = client.list_children(&registry.forever).await?;
+            if children
+                .iter()
+                .filter_map(|c| super::registry::parse_child(c))
+                .any(|(endpoint, other)| other == id && endpoint != registry.endpoint)
+            {
+                return Ok(None);
+            }
+            match client
+                .create(path, &registry.data(id, now, 0), &persistent())
+                .await
+            {
+                Ok(_) | Err(ZkError::NodeExists) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    // The old session is over (that is why we reconnect), so a liveness node still there
+    // belongs to another session: the id was taken.
+    match registry.claim_alive(&client, id, None).await? {
+        Claim::Claimed => Ok(Some(client)),
+        Claim::Taken => Ok(None),
+    }
+}
