@@ -292,7 +292,14 @@ impl App {
     pub async fn close(&self) {
         self.background.cancel();
         if let Some(worker) = self.worker.lock().await.take() {
-            worker.close().await;
+            // Stop issuing first; then the last timestamp issued is final.
+            let last_issued = self.snowflake.as_ref().map(|engine| {
+                engine
+                    .limit()
+                    .set_lease(0, Some("leafd is shutting down".into()));
+                engine.last_timestamp_ms()
+            });
+            worker.close(last_issued).await;
         }
         self.segments.store().close().await;
     }
@@ -323,10 +330,8 @@ async fn start_snowflake(
             worker_id: sf.worker_id,
         }),
         CoordinatorKind::Zookeeper => {
-            let endpoint = coord::identity::endpoint(
-                sf.zookeeper.advertise.as_deref(),
-                config.resp_bind(),
-            )?;
+            let endpoint =
+                coord::identity::endpoint(sf.zookeeper.advertise.as_deref(), config.resp_bind())?;
             let zk = ZkCoordinator {
                 cfg: sf.zookeeper.clone(),
                 endpoint,

@@ -355,3 +355,67 @@ async fn snowflake_over_resp_uses_the_zookeeper_worker_id() {
     server.stop().await;
     other.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_live_nodes_with_one_identity_get_different_ids() {
+    let Some(cluster) = Cluster::new("shared_identity") else {
+        return;
+    };
+    let endpoint = "10.0.8.1:6380";
+    let first = cluster.acquire(endpoint).await.unwrap();
+    // Same endpoint, its own cache: a second process configured like the first.
+    let second = cluster
+        .acquire_with(
+            &cluster.node("second"),
+            endpoint,
+            MAX_WORKER_ID,
+            Arc::new(SystemClock),
+        )
+        .await
+        .unwrap();
+    assert_ne!(first.worker_id, second.worker_id);
+    // The first still holds its liveness node: nobody deleted it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(first.limit.check(SystemClock.now_millis()), Ok(()));
+    assert_eq!(second.limit.check(SystemClock.now_millis()), Ok(()));
+    first.close().await;
+    second.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_liveness_node_is_taken_stops_at_once() {
+    let Some(cluster) = Cluster::new("liveness_taken") else {
+        return;
+    };
+    let worker = cluster.acquire("10.0.9.1:6380").await.unwrap();
+    let path = format!(
+        "{}/{}/alive/{}",
+        cluster.cfg.root, cluster.cfg.cluster, worker.worker_id
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // An operator (or a buggy peer) replaces the node with one of another session, in one
+    // transaction.
+    let intruder = cluster.client().await;
+    let ephemeral =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    let mut replace = intruder.new_multi_writer();
+    replace.add_delete(&path, None).unwrap();
+    replace.add_create(&path, b"intruder", &ephemeral).unwrap();
+    replace.commit().await.unwrap();
+    let mut refused = None;
+    for _ in 0..50 {
+        if let Err(reason) = worker.limit.check(SystemClock.now_millis()) {
+            refused = Some(reason);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let refused = refused.expect("stops issuing within 500 ms, well before its lease ends");
+    assert!(refused.contains("liveness node"), "{refused}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        worker.limit.is_revoked(),
+        "held by another session: revoked for good"
+    );
+    worker.close().await;
+}

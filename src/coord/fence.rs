@@ -96,7 +96,11 @@ impl FenceKeeper {
     /// fence the coordinator recorded for this worker id), makes a first fence durable and
     /// publishes it. `extra_wait_ms` widens the allowed wait for the coordinator's floor (a
     /// lease written further ahead than the local window).
-    pub async fn open(&self, coordinator_floor_ms: u64, extra_wait_ms: u64) -> Result<(), CoordError> {
+    pub async fn open(
+        &self,
+        coordinator_floor_ms: u64,
+        extra_wait_ms: u64,
+    ) -> Result<(), CoordError> {
         let local = self.stored()?;
         wait_past(
             self.clock.as_ref(),

@@ -88,9 +88,15 @@ mod tests {
         assert_eq!(file.load(), Ok(1_764_000_003_000));
         file.store(1_764_000_006_000).unwrap();
         assert_eq!(file.load(), Ok(1_764_000_006_000));
-        assert_eq!(std::fs::read_dir(dir.path().join("sub")).unwrap().count(), 1);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("sub")).unwrap().count(),
+            1
+        );
         std::fs::write(file.path(), b"{torn").unwrap();
         let err = file.load().unwrap_err();
-        assert!(err.contains("fence.json") && err.contains("unreadable"), "{err}");
+        assert!(
+            err.contains("fence.json") && err.contains("unreadable"),
+            "{err}"
+        );
     }
 }

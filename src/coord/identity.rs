@@ -57,7 +57,9 @@ fn host_addresses() -> Vec<IpAddr> {
             match i32::from((*entry.ifa_addr).sa_family) {
                 libc::AF_INET => {
                     let sin = &*(entry.ifa_addr as *const libc::sockaddr_in);
-                    out.push(IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()));
+                    out.push(IpAddr::from(
+                        u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                    ));
                 }
                 libc::AF_INET6 => {
                     let sin6 = &*(entry.ifa_addr as *const libc::sockaddr_in6);
@@ -91,7 +93,10 @@ mod tests {
         match endpoint(None, "0.0.0.0:6380") {
             Ok(found) => {
                 let addr: SocketAddr = found.parse().unwrap();
-                assert!(!addr.ip().is_unspecified() && !addr.ip().is_loopback(), "{found}");
+                assert!(
+                    !addr.ip().is_unspecified() && !addr.ip().is_loopback(),
+                    "{found}"
+                );
                 assert_eq!(addr.port(), 6380);
             }
             Err(e) => assert!(e.to_string().contains("advertise"), "{e}"),

@@ -74,15 +74,25 @@ pub struct Worker {
     pub kind: &'static str,
     pub limit: Arc<IssueLimit>,
     held: Box<dyn HeldWorker>,
+    fence_file: FenceFile,
     stop: CancellationToken,
     fence_task: tokio::task::JoinHandle<()>,
 }
 
 impl Worker {
-    /// Stops extending the fence and releases the id.
-    pub async fn close(self) {
+    /// Stops extending the fence and releases the id. `last_issued_ms`, the timestamp of the
+    /// last ID issued once issuing has stopped for good, becomes the durable fence, so a clean
+    /// restart waits only if the clock is behind what was really issued.
+    pub async fn close(self, last_issued_ms: Option<u64>) {
         self.stop.cancel();
         let _ = self.fence_task.await;
+        if let Some(last) = last_issued_ms.filter(|&last| last < self.limit.fence_ms()) {
+            let file = self.fence_file.clone();
+            let stored = tokio::task::spawn_blocking(move || file.store(last)).await;
+            if let Ok(Err(e)) = stored {
+                tracing::warn!(error = %e, "could not lower the time fence at shutdown; the next start may wait for it");
+            }
+        }
         self.held.close().await;
     }
 }
@@ -106,7 +116,7 @@ pub async fn start(
     }
     let limit = Arc::new(IssueLimit::new());
     let held = coordinator.acquire(limit.clone()).await?;
-    let keeper = FenceKeeper::new(fence_file, settings, clock, limit.clone());
+    let keeper = FenceKeeper::new(fence_file.clone(), settings, clock, limit.clone());
     if let Err(e) = keeper.open(held.floor_ms(), held.floor_wait_ms()).await {
         held.close().await;
         return Err(e);
@@ -118,6 +128,7 @@ pub async fn start(
         kind: coordinator.kind(),
         limit,
         held,
+        fence_file,
         stop,
         fence_task,
     })

@@ -34,13 +34,15 @@ pub struct TestServer {
 impl TestServer {
     /// Starts leafd with the configured store.
     pub async fn start(config: Config) -> TestServer {
-        let app = App::open(config).await.expect("leafd starts");
+        let app = App::open(own_fence_file(config))
+            .await
+            .expect("leafd starts");
         TestServer::serve(app).await
     }
 
     /// Starts leafd on a given store (wrappers, memory store).
     pub async fn start_with_store(config: Config, store: Arc<dyn SegmentStore>) -> TestServer {
-        let app = App::with_store(config, store, Arc::new(SystemClock))
+        let app = App::with_store(own_fence_file(config), store, Arc::new(SystemClock))
             .await
             .expect("leafd starts");
         TestServer::serve(app).await
@@ -112,6 +114,21 @@ impl TestServer {
         }
         self.app.close().await;
     }
+}
+
+/// Servers of one test binary run at once: each gets its own snowflake fence file unless the
+/// test chose one, so none waits for another's fence.
+pub fn own_fence_file(mut config: Config) -> Config {
+    if config.snowflake.fence_file.is_empty() {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "leafd-test-fence-{}-{}.json",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        config.snowflake.fence_file = path.display().to_string();
+    }
+    config
 }
 
 /// A config on a fresh SQLite file inside `dir`, with tags created through `[[segment.tags]]`.

@@ -401,4 +401,50 @@ mod tests {
         }
         assert_eq!(seen.len(), 1_000_000);
     }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn no_id_passes_the_limit_and_a_late_fence_is_waited_for_a_bounded_time() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let limit = Arc::new(IssueLimit::new());
+        limit.publish_fence(T0 + 2);
+        let engine = SnowflakeEngine::new(
+            Layout::default(),
+            7,
+            5,
+            clock.clone(),
+            limit.clone(),
+            Duration::from_millis(30),
+        );
+        let id = engine.next_id().await.unwrap();
+        assert_eq!(Layout::default().decode(id).unwrap().timestamp_ms, T0);
+        clock.set(T0 + 3);
+        let started = Instant::now();
+        match engine.next_id().await {
+            Err(SnowflakeError::Unavailable(reason)) => {
+                assert!(reason.contains("time fence"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        limit.publish_fence(T0 + 10);
+        let id = engine.next_id().await.unwrap();
+        assert_eq!(Layout::default().decode(id).unwrap().timestamp_ms, T0 + 3);
+        limit.revoke("taken over".into());
+        let started = Instant::now();
+        assert_eq!(
+            engine.next_id().await,
+            Err(SnowflakeError::Unavailable("taken over".into()))
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(30),
+            "revoked: no wait"
+        );
+    }
+
+    #[test]
+    fn a_clock_before_the_epoch_is_an_error_not_a_negative_id() {
+        let clock = Arc::new(ManualClock::new(Layout::default().epoch_ms - 1));
+        let engine = engine(clock);
+        assert_eq!(engine.try_next(1), Err(SnowflakeError::BeforeEpoch));
+    }
 }
