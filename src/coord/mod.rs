@@ -21,7 +21,7 @@ use fence_file::FenceFile;
 /// Why a worker id could not be obtained; every one of these stops the start.
 #[derive(Debug, thiserror::Error)]
 pub enum CoordError {
-    #[error("clock is {gap_ms} ms behind {what} (the clock went back across a restart, or another node used this worker id until then); refusing to start: wait at most {max_wait_ms} ms is configured")]
+    #[error("clock is {gap_ms} ms behind {what} (the clock went back across a restart, or the worker id's previous holder used it until then); refusing to start, as the gap is over the {max_wait_ms} ms snowflake.max_start_wait_ms allows")]
     ClockBehindFence {
         gap_ms: u64,
         what: String,

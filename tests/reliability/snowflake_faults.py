@@ -221,7 +221,8 @@ def static_cases(work):
     text = node.log_text()
     if "ms behind" not in text or node.process.returncode == 0:
         raise SystemExit("static-back-60s: no clear refusal\n" + text[-2000:])
-    print("static-back-60s: refused to start (" + [l for l in text.splitlines() if "ms behind" in l][-1][-160:] + ")")
+    line = [l for l in text.splitlines() if "ms behind" in l][-1]
+    print("static-back-60s: refused to start: " + line[line.index("clock is"):])
 
 
 def zk_kill_cases(work):

@@ -140,6 +140,7 @@ connect = "127.0.0.1:{zk.port}"
 cluster = "soak"
 cache_file = "{work}/worker.json"
 session_timeout_ms = 4000
+lease_ms = 20000
 """)
     log = open(f"{work}/leafd.log", "w")
     leafd = subprocess.Popen([binary, "--config", f"{work}/leafd.toml"], cwd=work,
@@ -147,7 +148,7 @@ session_timeout_ms = 4000
                              env={**os.environ, "NO_COLOR": "1", "RUST_LOG": "info"})
     wait_for_port(port, 30)
     stop = threading.Event()
-    ids, errors, unavailable = [], [], [0]
+    ids, errors, unavailable, unavailable_kinds = [], [], [0], set()
     lock = threading.Lock()
 
     def client(n):
@@ -164,6 +165,7 @@ session_timeout_ms = 4000
                 elif line.startswith(b"-UNAVAILABLE"):
                     with lock:
                         unavailable[0] += 1
+                        unavailable_kinds.add(line.split(b":")[0].decode())
                 else:
                     with lock:
                         errors.append(line)
@@ -208,7 +210,7 @@ session_timeout_ms = 4000
     after_warmup = [mb for second, mb in samples if second >= min(20, duration // 3)]
     peak, base = max(after_warmup), after_warmup[0]
     print(f"soak {duration}s: {len(ids)} IDs checked, {unavailable[0]} UNAVAILABLE replies, "
-          f"{db_restarts} MariaDB restarts, {zk_restarts} ZooKeeper restarts, "
+          f"({', '.join(sorted(unavailable_kinds)) or 'none'}), {db_restarts} MariaDB restarts, {zk_restarts} ZooKeeper restarts, "
           f"RSS {base:.1f} -> peak {peak:.1f} MB, exit {code}")
     assert not errors, f"unexpected replies: {errors[:5]}"
     assert len(set(ids)) == len(ids), "duplicate IDs"

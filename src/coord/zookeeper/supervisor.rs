@@ -43,6 +43,8 @@ pub(super) async fn supervise(
     let watch_armed = Arc::new(AtomicBool::new(false));
     let mut last_written = 0u64;
     let mut first = client.is_some();
+    // The session a lost client had: its liveness node is ours, waited for, never taken.
+    let mut old_session: Option<i64> = None;
     loop {
         if !first {
             tokio::select! {
@@ -59,7 +61,7 @@ pub(super) async fn supervise(
         }
         first = false;
         if client.is_none() {
-            match reconnect(&registry, &path, id).await {
+            match reconnect(&registry, &path, id, old_session).await {
                 Ok(Some(fresh)) => {
                     tracing::info!(worker_id = id, "ZooKeeper session re-established");
                     watch_armed.store(false, Ordering::SeqCst);
@@ -85,6 +87,7 @@ pub(super) async fn supervise(
             }
             Err(e) => {
                 if lost_contact(&shared, active, &e) {
+                    old_session = Some(active.session_id().0);
                     client = None;
                 }
                 continue;
@@ -113,6 +116,7 @@ pub(super) async fn supervise(
             }
             Err(e) => {
                 if lost_contact(&shared, active, &e) {
+                    old_session = Some(active.session_id().0);
                     client = None;
                 }
             }
@@ -133,8 +137,8 @@ fn lost_contact(shared: &ZkShared, active: &Client, error: &ZkError) -> bool {
 }
 
 /// Checks that `alive/{id}` is this session's, re-creating it if it vanished while nobody
-/// else took it, and keeps a watch on it: if it is deleted or the session ends, the lease
-/// ends at once and the supervisor checks again.
+/// else took it, and keeps a watch on it: if it is deleted, the lease ends at once and the
+/// supervisor checks again.
 async fn verify_alive(
     registry: &Registry,
     client: &Client,
@@ -158,12 +162,15 @@ async fn verify_alive(
         let fired = fired.clone();
         tokio::spawn(async move {
             let event = watcher.changed().await;
-            let lost = event.event_type == EventType::NodeDeleted
-                || (event.event_type == EventType::Session && event.session_state.is_terminated());
-            if lost {
+            // Deleted while our session lives: someone else may create it now, so stop at
+            // once. A session that ended (or a lost connection) keeps the lease: the fence in
+            // ZooKeeper already holds back whoever takes the id next.
+            if event.event_type == EventType::NodeDeleted {
                 limit.set_lease(
                     0,
-                    Some(format!("the liveness node of worker id {id} is gone (deleted, or the ZooKeeper session ended); waiting to hold it again")),
+                    Some(format!(
+                        "the liveness node of worker id {id} was deleted; waiting to hold it again"
+                    )),
                 );
             }
             armed.store(false, Ordering::SeqCst);
@@ -174,7 +181,12 @@ async fn verify_alive(
 }
 
 /// A new session for a node that already has its id. `Ok(None)` when the id is no longer ours.
-async fn reconnect(registry: &Registry, path: &str, id: u64) -> Result<Option<Client>, ZkError> {
+async fn reconnect(
+    registry: &Registry,
+    path: &str,
+    id: u64,
+    old_session: Option<i64>,
+) -> Result<Option<Client>, ZkError> {
     let client = registry.connect().await?;
     client.mkdir(&registry.alive, &persistent()).await?;
     match registry.read(&client, path).await? {
@@ -202,9 +214,9 @@ async fn reconnect(registry: &Registry, path: &str, id: u64) -> Result<Option<Cl
             }
         }
     }
-    // The old session is over (that is why we reconnect), so a liveness node still there
-    // belongs to another session: the id was taken.
-    match registry.claim_alive(&client, id, None).await? {
+    // The old session may not have expired on the server yet (a restarted ZooKeeper renews
+    // its sessions): its liveness node is waited for; any other session's means the id was taken.
+    match registry.claim_alive(&client, id, old_session).await? {
         Claim::Claimed => Ok(Some(client)),
         Claim::Taken => Ok(None),
     }
