@@ -102,6 +102,8 @@ pub struct ServerConfig {
     pub users: Vec<UserConfig>,
     /// Largest block one `INCRBY segment:<tag> <n>` may take.
     pub max_incrby: i64,
+    /// At shutdown, commands in flight get this long to finish before leafd stops anyway.
+    pub shutdown_timeout_secs: u64,
     pub max_inline_len: usize,
     pub max_bulk_len: usize,
     pub max_array_len: usize,
@@ -119,6 +121,7 @@ impl Default for ServerConfig {
             requirepass: None,
             users: Vec::new(),
             max_incrby: 100_000,
+            shutdown_timeout_secs: 10,
             max_inline_len: limits.max_inline_len,
             max_bulk_len: limits.max_bulk_len,
             max_array_len: limits.max_array_len,

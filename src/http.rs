@@ -213,6 +213,8 @@ fn segment_status(err: &SegmentError) -> StatusCode {
         }
         SegmentError::TagExists(_) => StatusCode::CONFLICT,
         SegmentError::Invalid(_) => StatusCode::BAD_REQUEST,
+        // The tag will never serve again: not a passing outage.
+        SegmentError::Exhausted(_) => StatusCode::GONE,
     }
 }
 

@@ -232,6 +232,11 @@ async fn users_authenticate_and_only_admins_manage_tags() {
             .await,
         "-NOPERM this user has no permissions to run the 'leaf.tag' command\r\n"
     );
+    assert_eq!(
+        app.send(&resp(&[b"CONFIG", b"GET", b"*"]), 1).await,
+        "-NOPERM this user has no permissions to run the 'config' command\r\n",
+        "CONFIG reveals configuration: admins only"
+    );
     let mut ops = server.raw().await;
     let hello = ops
         .send(&resp(&[b"HELLO", b"2", b"AUTH", b"ops", b"opspw"]), 15)
@@ -303,5 +308,44 @@ async fn handshake_commands_answer_like_redis() {
     assert!(time.starts_with("*2\r\n$10\r\n"), "{time}");
     assert_eq!(raw.send(&resp(&[b"QUIT"]), 1).await, "+OK\r\n");
     assert!(raw.closed().await);
+    server.stop().await;
+}
+
+/// CVE-2022-36021's shape: patterns that make a backtracking glob exponential answer at once,
+/// and other clients are served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_config_get_patterns_answer_at_once() {
+    let server = memory_server(Config::default()).await;
+    let mut attackers = Vec::new();
+    for _ in 0..3 {
+        attackers.push(server.raw().await);
+    }
+    let pattern = format!("{}x", "*".repeat(30));
+    let started = std::time::Instant::now();
+    for attacker in &mut attackers {
+        for _ in 0..100 {
+            assert_eq!(
+                attacker
+                    .send(&resp(&[b"CONFIG", b"GET", pattern.as_bytes()]), 1)
+                    .await,
+                "*0\r\n"
+            );
+        }
+    }
+    let mut bystander = server.raw().await;
+    assert_eq!(bystander.send(&resp(&[b"PING"]), 1).await, "+PONG\r\n");
+    // 300 hostile requests in well under a second (a backtracking matcher needs minutes
+    // for one); the exact cost per request is in the README, measured on the release build.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut matched = server.raw().await;
+    let reply = matched
+        .send(&resp(&[b"CONFIG", b"GET", b"*[xp]ort"]), 5)
+        .await;
+    assert!(reply.starts_with("*4\r\n$4\r\nport\r\n"), "{reply}");
+    assert!(reply.contains("$8\r\ntls-port\r\n"), "{reply}");
     server.stop().await;
 }

@@ -247,6 +247,19 @@ macro_rules! backend_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_end_of_the_id_space() {
+                let Some(url) = $backend
+                    .fresh_database(concat!(stringify!($module), "::the_end_of_the_id_space"))
+                    .await
+                else {
+                    return;
+                };
+                let server = TestServer::start(config_for(&url)).await;
+                scenarios::the_end_of_the_id_space_is_refused_and_the_row_kept(&server).await;
+                server.stop().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn three_nodes_share_one_database() {
                 let Some(url) = $backend
                     .fresh_database(concat!(

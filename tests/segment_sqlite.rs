@@ -32,6 +32,13 @@ async fn hundred_thousand_concurrent_incrs_are_unique() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_the_id_space() {
+    let (server, _dir) = sqlite_server().await;
+    scenarios::the_end_of_the_id_space_is_refused_and_the_row_kept(&server).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn incrby_blocks_never_overlap() {
     let (server, _dir) = sqlite_server().await;
     scenarios::incrby_blocks_never_overlap(&server).await;

@@ -3,6 +3,7 @@
 
 mod admin;
 mod connection;
+mod glob;
 mod segment;
 mod server;
 mod snowflake;
@@ -124,6 +125,9 @@ async fn run(
         "command" => server::command(args),
         "info" => server::info(args, app),
         "time" => server::time(),
+        "config" if !session.admin => {
+            Reply::error("NOPERM this user has no permissions to run the 'config' command")
+        }
         "config" => server::config(args, app),
         "leaf.tags" => admin::tags(app),
         "leaf.tag" if !session.admin => {

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 
 use super::connection::REDIS_COMPAT_VERSION;
+use super::glob::Glob;
 use super::table::{self, CommandSpec, COMMANDS};
 use super::{lossy, wrong_arity};
 use crate::app::App;
@@ -192,19 +193,6 @@ pub fn time() -> Reply {
     ])
 }
 
-/// Matches Redis-style glob patterns with `*` and `?` (enough for CONFIG GET).
-fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
-    match (pattern.first(), text.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => {
-            glob_match(&pattern[1..], text) || (!text.is_empty() && glob_match(pattern, &text[1..]))
-        }
-        (Some(b'?'), Some(_)) => glob_match(&pattern[1..], &text[1..]),
-        (Some(p), Some(t)) if p.eq_ignore_ascii_case(t) => glob_match(&pattern[1..], &text[1..]),
-        _ => false,
-    }
-}
-
 /// `CONFIG GET <pattern> […]` over a harmless subset; `CONFIG SET` and friends are refused.
 pub fn config(args: &[Bytes], app: &Arc<App>) -> Reply {
     let sub = args[1].to_ascii_lowercase();
@@ -229,30 +217,12 @@ pub fn config(args: &[Bytes], app: &Arc<App>) -> Reply {
         ("proto-max-bulk-len", server.max_bulk_len.to_string()),
         ("bind", server.bind.clone()),
     ];
+    let patterns: Vec<Glob> = args[2..].iter().map(|p| Glob::new(p)).collect();
     Reply::Map(
         params
             .iter()
-            .filter(|(name, _)| {
-                args[2..]
-                    .iter()
-                    .any(|pattern| glob_match(pattern, name.as_bytes()))
-            })
+            .filter(|(name, _)| patterns.iter().any(|p| p.matches(name.as_bytes())))
             .map(|(name, value)| (Reply::bulk(*name), Reply::bulk(value.clone())))
             .collect(),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob_match;
-
-    #[test]
-    fn glob_matches_like_redis() {
-        assert!(glob_match(b"*", b"maxclients"));
-        assert!(glob_match(b"max*", b"maxclients"));
-        assert!(glob_match(b"MAXCLIENTS", b"maxclients"));
-        assert!(glob_match(b"t?meout", b"timeout"));
-        assert!(!glob_match(b"max", b"maxclients"));
-        assert!(!glob_match(b"*x", b"maxclients"));
-    }
 }

@@ -118,7 +118,18 @@ pub async fn run_listeners(
     drop(listeners);
     stop.cancel();
     connections.close();
-    connections.wait().await;
+    // Commands in flight get a bounded time to finish: a stuck one must not keep the
+    // process from stopping.
+    let grace = Duration::from_secs(app.config.server.shutdown_timeout_secs);
+    if tokio::time::timeout(grace, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            connections = connections.len(),
+            "connections still busy after server.shutdown_timeout_secs; stopping without them"
+        );
+    }
     Ok(())
 }
 

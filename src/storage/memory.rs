@@ -31,7 +31,10 @@ impl SegmentStore for MemoryStore {
         let row = rows
             .get_mut(tag)
             .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
-        row.max_id += step.unwrap_or(row.step);
+        row.max_id = row
+            .max_id
+            .checked_add(step.unwrap_or(row.step))
+            .ok_or_else(|| StoreError::Exhausted(tag.to_string()))?;
         Ok(row.clone())
     }
 

@@ -37,6 +37,9 @@ pub enum StoreError {
     UnknownTag(String),
     #[error("tag '{0}' already exists")]
     TagExists(String),
+    /// The allocation would pass 2^63 − 1; the row was left as it was.
+    #[error("tag '{0}' has exhausted its ID space")]
+    Exhausted(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("database migration failed: {0}")]
@@ -91,6 +94,8 @@ pub fn backend_of(url: &str) -> Option<&'static str> {
 pub trait SegmentStore: Send + Sync + 'static {
     /// Adds `step` (or, when `None`, the row's own step) to the tag's `max_id` and returns the
     /// row as updated, in one atomic operation. The caller then owns `(max_id - step, max_id]`.
+    /// An allocation that would pass `i64::MAX` is refused by the statement itself, the row
+    /// unchanged: [`StoreError::Exhausted`].
     async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError>;
 
     /// Every row of the table.
@@ -141,5 +146,14 @@ fn insert_error(err: sqlx::Error, tag: &str) -> StoreError {
             StoreError::TagExists(tag.to_string())
         }
         _ => StoreError::Database(err),
+    }
+}
+
+/// Why a guarded UPDATE changed no row: the tag is missing, or it is at the end of its space.
+fn not_allocated(exists: bool, tag: &str) -> StoreError {
+    if exists {
+        StoreError::Exhausted(tag.to_string())
+    } else {
+        StoreError::UnknownTag(tag.to_string())
     }
 }

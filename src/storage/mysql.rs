@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::Row;
 
-use super::{insert_error, LeafAlloc, SegmentStore, StoreError};
+use super::{insert_error, not_allocated, LeafAlloc, SegmentStore, StoreError};
 use crate::config::StorageConfig;
 
 pub struct MySqlStore {
@@ -46,14 +46,21 @@ impl SegmentStore for MySqlStore {
     async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
         let mut tx = self.pool.begin().await?;
         let updated = sqlx::query(
-            "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?, step) WHERE biz_tag = ?",
+            "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?, step) \
+             WHERE biz_tag = ? AND max_id <= 9223372036854775807 - COALESCE(?, step)",
         )
         .bind(step)
         .bind(tag)
+        .bind(step)
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() == 0 {
-            return Err(StoreError::UnknownTag(tag.to_string()));
+            let exists = sqlx::query("SELECT 1 FROM leaf_alloc WHERE biz_tag = ?")
+                .bind(tag)
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some();
+            return Err(not_allocated(exists, tag));
         }
         let row = sqlx::query(&format!("{SELECT_ROW} WHERE biz_tag = ?"))
             .bind(tag)

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::Row;
 
-use super::{insert_error, LeafAlloc, SegmentStore, StoreError};
+use super::{insert_error, not_allocated, LeafAlloc, SegmentStore, StoreError};
 use crate::config::StorageConfig;
 
 pub struct PostgresStore {
@@ -44,7 +44,8 @@ impl SegmentStore for PostgresStore {
     async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
         let row = sqlx::query(
             "UPDATE leaf_alloc SET max_id = max_id + COALESCE($1::BIGINT, step), \
-             update_time = CURRENT_TIMESTAMP WHERE biz_tag = $2 \
+             update_time = CURRENT_TIMESTAMP \
+             WHERE biz_tag = $2 AND max_id <= 9223372036854775807 - COALESCE($1::BIGINT, step) \
              RETURNING biz_tag, max_id, step, description",
         )
         .bind(step)
@@ -53,7 +54,14 @@ impl SegmentStore for PostgresStore {
         .await?;
         match row {
             Some(row) => Ok(row_to_alloc(&row)?),
-            None => Err(StoreError::UnknownTag(tag.to_string())),
+            None => {
+                let exists = sqlx::query("SELECT 1 FROM leaf_alloc WHERE biz_tag = $1")
+                    .bind(tag)
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .is_some();
+                Err(not_allocated(exists, tag))
+            }
         }
     }
 

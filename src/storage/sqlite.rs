@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::Row;
 
-use super::{insert_error, LeafAlloc, SegmentStore, StoreError};
+use super::{insert_error, not_allocated, LeafAlloc, SegmentStore, StoreError};
 use crate::config::StorageConfig;
 
 pub struct SqliteStore {
@@ -17,6 +17,14 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    async fn exists(&self, tag: &str) -> Result<bool, StoreError> {
+        Ok(sqlx::query("SELECT 1 FROM leaf_alloc WHERE biz_tag = ?1")
+            .bind(tag)
+            .fetch_optional(&self.pool)
+            .await?
+            .is_some())
+    }
+
     /// Opens (creating if missing, with its parent directory) the database file and migrates it.
     pub async fn open(config: &StorageConfig, migrate: bool) -> Result<SqliteStore, StoreError> {
         let path = sqlite_path(&config.url)?;
@@ -66,9 +74,11 @@ fn row_to_alloc(row: &sqlx::sqlite::SqliteRow) -> Result<LeafAlloc, sqlx::Error>
 #[async_trait]
 impl SegmentStore for SqliteStore {
     async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+        // The guard keeps `max_id + step` from overflowing (SQLite would store a REAL).
         let row = sqlx::query(
             "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?1, step), \
-             update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2 \
+             update_time = CURRENT_TIMESTAMP \
+             WHERE biz_tag = ?2 AND max_id <= 9223372036854775807 - COALESCE(?1, step) \
              RETURNING biz_tag, max_id, step, description",
         )
         .bind(step)
@@ -77,7 +87,7 @@ impl SegmentStore for SqliteStore {
         .await?;
         match row {
             Some(row) => Ok(row_to_alloc(&row)?),
-            None => Err(StoreError::UnknownTag(tag.to_string())),
+            None => Err(not_allocated(self.exists(tag).await?, tag)),
         }
     }
 

@@ -172,3 +172,50 @@ pub async fn incrby_blocks_never_overlap(server: &TestServer) {
         );
     }
 }
+
+/// A tag whose `max_id` is 150 below 2^63 − 1, step 100: one segment is served to its last ID,
+/// then INCR and INCRBY answer `ERR tag '<tag>' has exhausted its ID space`, and the row is
+/// never changed again (no overflow stored, no "database unreachable").
+pub async fn the_end_of_the_id_space_is_refused_and_the_row_kept(server: &TestServer) {
+    let tag = unique_tag("end");
+    let store = server.app.segments.store();
+    store
+        .create_tag(&tag, 100, i64::MAX - 150, None)
+        .await
+        .unwrap();
+    server.app.segments.refresh_tags().await.unwrap();
+    let mut con = server.client().await;
+    let key = format!("segment:{tag}");
+    let first: i64 = con.incr(&key, 1).await.unwrap();
+    assert_eq!(first, i64::MAX - 149);
+    let last: i64 = redis::cmd("INCRBY")
+        .arg(&key)
+        .arg(99)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(last, i64::MAX - 50, "the whole last segment is served");
+    let expected = format!("tag '{tag}' has exhausted its ID space");
+    for args in [vec!["INCR"], vec!["INCRBY", "1"], vec!["INCRBY", "500"]] {
+        let mut cmd = redis::cmd(args[0]);
+        cmd.arg(&key);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        let err = cmd.query_async::<i64>(&mut con).await.unwrap_err();
+        assert_eq!(err.code(), Some("ERR"), "{err}");
+        assert!(err.to_string().contains(&expected), "{err}");
+    }
+    let row = store
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|row| row.tag == tag)
+        .unwrap();
+    assert_eq!(
+        row.max_id,
+        i64::MAX - 50,
+        "the row is never pushed past the end"
+    );
+}

@@ -41,6 +41,8 @@ impl Segment {
 #[derive(Debug, Clone)]
 pub enum LoadFailure {
     UnknownTag,
+    /// The next allocation would pass 2^63 − 1.
+    Exhausted,
     Unavailable(Arc<str>),
 }
 
@@ -48,8 +50,19 @@ impl LoadFailure {
     pub fn from_store(err: &StoreError) -> LoadFailure {
         match err {
             StoreError::UnknownTag(_) => LoadFailure::UnknownTag,
-            other => LoadFailure::Unavailable(other.to_string().into()),
+            StoreError::Exhausted(_) => LoadFailure::Exhausted,
+            other => LoadFailure::Unavailable(store_reason(other).into()),
         }
+    }
+}
+
+/// What went wrong with the database, worded so that "unreachable" means it did not answer
+/// and anything else is called an error.
+pub fn store_reason(err: &StoreError) -> String {
+    if err.is_transient() {
+        format!("database unreachable: {err}")
+    } else {
+        format!("database failed: {err}")
     }
 }
 

@@ -13,7 +13,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use buffer::{BufferState, LoadFailure, Segment};
+pub use buffer::{store_reason, BufferState, LoadFailure, Segment};
 
 use crate::config::{validate_tag_name, SegmentConfig, MAX_TAG_START};
 use crate::engine::clock::Clock;
@@ -44,8 +44,12 @@ impl From<&SegmentConfig> for SegmentSettings {
 pub enum SegmentError {
     #[error("unknown tag '{0}'")]
     UnknownTag(String),
-    #[error("segment for '{tag}' exhausted and database unreachable: {reason}")]
+    /// Both buffers are used up and no segment could be loaded; `reason` starts with
+    /// "database unreachable" only when the database did not answer.
+    #[error("segment for '{tag}' exhausted and {reason}")]
     Unavailable { tag: String, reason: String },
+    #[error("tag '{0}' has exhausted its ID space")]
+    Exhausted(String),
     #[error("tag '{0}' already exists")]
     TagExists(String),
     #[error("{0}")]
@@ -59,6 +63,7 @@ impl From<StoreError> for SegmentError {
         match err {
             StoreError::UnknownTag(t) => SegmentError::UnknownTag(t),
             StoreError::TagExists(t) => SegmentError::TagExists(t),
+            StoreError::Exhausted(t) => SegmentError::Exhausted(t),
             other => SegmentError::Storage(other.to_string()),
         }
     }
@@ -261,7 +266,7 @@ impl SegmentEngine {
                 return Err(SegmentError::Unavailable {
                     tag: tag.to_string(),
                     reason: format!(
-                        "no segment loaded within {} ms",
+                        "database unreachable: no segment loaded within {} ms",
                         self.settings.load_timeout.as_millis()
                     ),
                 });
@@ -290,6 +295,7 @@ impl SegmentEngine {
                 self.forget_tag(tag);
                 SegmentError::UnknownTag(tag.to_string())
             }
+            LoadFailure::Exhausted => SegmentError::Exhausted(tag.to_string()),
             LoadFailure::Unavailable(reason) => SegmentError::Unavailable {
                 tag: tag.to_string(),
                 reason: reason.to_string(),
@@ -314,13 +320,14 @@ impl SegmentEngine {
                 self.forget_tag(&t);
                 Err(SegmentError::UnknownTag(t))
             }
+            Ok(Err(StoreError::Exhausted(t))) => Err(SegmentError::Exhausted(t)),
             Ok(Err(e)) => Err(SegmentError::Unavailable {
                 tag: buffer.name.to_string(),
-                reason: e.to_string(),
+                reason: store_reason(&e),
             }),
             Err(_) => Err(SegmentError::Unavailable {
                 tag: buffer.name.to_string(),
-                reason: "database did not answer in time".into(),
+                reason: "database unreachable: it did not answer in time".into(),
             }),
         }
     }
@@ -399,7 +406,7 @@ impl SegmentEngine {
                 .await
                 .map_err(|e| SegmentError::Unavailable {
                     tag: tag.to_string(),
-                    reason: e.to_string(),
+                    reason: store_reason(&e),
                 })?;
             *last_refresh = Some(now);
         }
@@ -523,6 +530,7 @@ impl SegmentEngine {
                     loads_failed: st.loads_failed,
                     last_error: st.failure.as_ref().map(|f| match f {
                         LoadFailure::UnknownTag => "unknown tag".to_string(),
+                        LoadFailure::Exhausted => "ID space exhausted".to_string(),
                         LoadFailure::Unavailable(reason) => reason.to_string(),
                     }),
                 }
