@@ -36,6 +36,7 @@ fn segment_engine(rt: &tokio::runtime::Runtime, metrics: Arc<Metrics>) -> Arc<Se
     };
     let engine = SegmentEngine::new(
         Arc::new(MemoryStore::new()),
+        leafd::storage::SegmentMarks::in_memory(),
         settings,
         Arc::new(SystemClock),
         metrics,

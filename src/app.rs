@@ -17,7 +17,7 @@ use crate::engine::clock::{Clock, SystemClock};
 use crate::engine::segment::{SegmentEngine, SegmentError, SegmentSettings};
 use crate::engine::snowflake::SnowflakeEngine;
 use crate::metrics::Metrics;
-use crate::storage::{self, DeferredStore, SegmentStore, StoreError};
+use crate::storage::{self, DeferredStore, SegmentMarks, SegmentStore, StoreError};
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -84,8 +84,9 @@ impl App {
                 );
                 let backend = storage::backend_of(&config.storage.url).unwrap_or("unknown");
                 let deferred = DeferredStore::new(backend, err.to_string());
+                let marks = SegmentMarks::open(config.storage.marks_path())?;
                 let snowflake = start_snowflake(&config, clock.clone()).await?;
-                let app = App::build(config, deferred.clone(), clock, snowflake);
+                let app = App::build(config, deferred.clone(), marks, clock, snowflake);
                 app.spawn_connector(deferred);
                 Ok(app)
             }
@@ -99,8 +100,9 @@ impl App {
         store: Arc<dyn SegmentStore>,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<App>, AppError> {
+        let marks = SegmentMarks::open(config.storage.marks_path())?;
         let snowflake = start_snowflake(&config, clock.clone()).await?;
-        let app = App::build(config, store, clock, snowflake);
+        let app = App::build(config, store, marks, clock, snowflake);
         app.initialise_storage().await?;
         Ok(app)
     }
@@ -108,6 +110,7 @@ impl App {
     fn build(
         config: Config,
         store: Arc<dyn SegmentStore>,
+        marks: Arc<SegmentMarks>,
         clock: Arc<dyn Clock>,
         started: StartedSnowflake,
     ) -> Arc<App> {
@@ -119,6 +122,7 @@ impl App {
         });
         let segments = SegmentEngine::new(
             store,
+            marks,
             SegmentSettings::from(&config.segment),
             clock,
             metrics.clone(),
@@ -229,6 +233,8 @@ impl App {
                 .absolute(t.loads_ok);
             m.counter(SEGMENT_LOADS_TOTAL, &[("tag", tag), ("result", "error")])
                 .absolute(t.loads_failed);
+            m.counter(SEGMENT_ROLLBACKS_TOTAL, &[("tag", tag)])
+                .absolute(t.rollbacks);
             m.gauge(SEGMENT_STEP, &[("tag", tag)]).set(t.step as f64);
             for (buffer, segment) in [("current", t.current), ("next", t.next)] {
                 let remaining = segment.map_or(0, |s| s.remaining().max(0));
@@ -250,6 +256,14 @@ impl App {
                 .absolute(st.clock_backward_events.load(Ordering::Relaxed));
             m.gauge(SNOWFLAKE_WORKER_ID, &[])
                 .set(engine.worker_id() as f64);
+            let now = crate::engine::clock::Clock::now_millis(&SystemClock) as f64;
+            let limit = engine.limit();
+            m.gauge(SNOWFLAKE_FENCE_AHEAD_SECONDS, &[])
+                .set((limit.fence_ms() as f64 - now) / 1000.0);
+            if limit.lease_ms() != u64::MAX {
+                m.gauge(SNOWFLAKE_LEASE_REMAINING_SECONDS, &[])
+                    .set(((limit.lease_ms() as f64 - now) / 1000.0).max(0.0));
+            }
         }
         if let Some(zk) = &self.zookeeper {
             m.gauge(ZOOKEEPER_CONNECTED, &[])
@@ -347,7 +361,7 @@ async fn start_snowflake(
         window_ms: sf.fence_window_ms,
         max_start_wait_ms: sf.max_start_wait_ms,
     };
-    let fence_file = FenceFile::new(sf.fence_path(&config.storage.url));
+    let fence_file = FenceFile::new(sf.fence_path(&config.storage));
     let worker = coord::start(
         coordinator.as_ref(),
         &layout,
@@ -359,7 +373,7 @@ async fn start_snowflake(
     tracing::info!(
         coordinator = worker.kind,
         worker_id = worker.worker_id,
-        fence_file = %sf.fence_path(&config.storage.url).display(),
+        fence_file = %sf.fence_path(&config.storage).display(),
         "snowflake worker id held; time fence open"
     );
     let engine = SnowflakeEngine::new(

@@ -207,6 +207,9 @@ pub struct StorageConfig {
     /// Create or upgrade the schema at start; turn off where schemas are managed by hand
     /// (`leafd migrate`), and leafd then refuses to start if `leaf_alloc` is missing.
     pub migrate: bool,
+    /// Directory of this node's own durable state (the snowflake time fence, the segment
+    /// high-water marks). Empty: the SQLite database's directory, else `data`.
+    pub state_dir: String,
 }
 
 impl Default for StorageConfig {
@@ -216,11 +219,35 @@ impl Default for StorageConfig {
             max_connections: 8,
             acquire_timeout_ms: 1000,
             migrate: true,
+            state_dir: String::new(),
         }
     }
 }
 
 impl StorageConfig {
+    /// `state_dir`, else the directory of the SQLite database, else `data`.
+    pub fn state_dir(&self) -> std::path::PathBuf {
+        if !self.state_dir.is_empty() {
+            return self.state_dir.clone().into();
+        }
+        self.url
+            .strip_prefix("sqlite://")
+            .map(|rest| rest.split('?').next().unwrap_or(rest))
+            .filter(|path| !path.is_empty() && !path.starts_with(':'))
+            .map(|path| {
+                std::path::Path::new(path)
+                    .parent()
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or_default()
+            })
+            .unwrap_or_else(|| "data".into())
+    }
+
+    /// Where the segment high-water marks are kept.
+    pub fn marks_path(&self) -> std::path::PathBuf {
+        self.state_dir().join("segment-marks.json")
+    }
+
     pub fn acquire_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.acquire_timeout_ms)
     }
@@ -318,7 +345,7 @@ pub struct SnowflakeConfig {
     /// The worker id when `coordinator = "static"`.
     pub worker_id: u64,
     /// The durable time fence: no ID carries a timestamp past the one in this file. Empty:
-    /// `snowflake-fence.json` beside the SQLite database, or `data/snowflake-fence.json`.
+    /// `snowflake-fence.json` in `storage.state_dir`.
     pub fence_file: String,
     /// How far ahead of the clock the fence is kept (it is extended every quarter of this).
     pub fence_window_ms: u64,
@@ -353,25 +380,13 @@ impl Default for SnowflakeConfig {
 }
 
 impl SnowflakeConfig {
-    /// The fence file: `fence_file`, else beside the SQLite database of `storage_url`, else
-    /// `data/snowflake-fence.json`.
-    pub fn fence_path(&self, storage_url: &str) -> std::path::PathBuf {
+    /// The fence file: `fence_file`, else `snowflake-fence.json` in the storage's state
+    /// directory.
+    pub fn fence_path(&self, storage: &StorageConfig) -> std::path::PathBuf {
         if !self.fence_file.is_empty() {
             return self.fence_file.clone().into();
         }
-        let sqlite_dir = storage_url
-            .strip_prefix("sqlite://")
-            .map(|rest| rest.split('?').next().unwrap_or(rest))
-            .filter(|path| !path.is_empty() && !path.starts_with(':'))
-            .map(|path| {
-                std::path::Path::new(path)
-                    .parent()
-                    .map(|p| p.to_path_buf())
-                    .unwrap_or_default()
-            });
-        sqlite_dir
-            .unwrap_or_else(|| "data".into())
-            .join("snowflake-fence.json")
+        storage.state_dir().join("snowflake-fence.json")
     }
 
     pub fn layout(&self) -> crate::engine::snowflake::Layout {

@@ -144,7 +144,12 @@ fn first_id() -> i64 {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TagChange {
-    step: i64,
+    /// The new step (LEAF.TAG STEP).
+    #[serde(default)]
+    step: Option<i64>,
+    /// Move max_id forward by this many IDs (LEAF.TAG SKIP).
+    #[serde(default)]
+    skip: Option<i64>,
 }
 
 /// `POST /api/segment/tags` (admin): LEAF.TAG CREATE over HTTP; 201, or 409 when it exists.
@@ -175,10 +180,26 @@ async fn update_tag(
     Path(tag): Path<String>,
     Json(change): Json<TagChange>,
 ) -> Response {
-    match app.segments.set_step(&tag, change.step).await {
-        Ok(()) => Json(json!({ "tag": tag, "step": change.step })).into_response(),
-        Err(e) => text(segment_status(&e), format!("{e}\n")),
+    let mut answer = json!({ "tag": tag });
+    if change.step.is_none() && change.skip.is_none() {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "give \"step\" or \"skip\"\n".into(),
+        );
     }
+    if let Some(step) = change.step {
+        if let Err(e) = app.segments.set_step(&tag, step).await {
+            return text(segment_status(&e), format!("{e}\n"));
+        }
+        answer["step"] = json!(step);
+    }
+    if let Some(n) = change.skip {
+        match app.segments.skip(&tag, n).await {
+            Ok(max_id) => answer["max_id"] = json!(max_id),
+            Err(e) => return text(segment_status(&e), format!("{e}\n")),
+        }
+    }
+    Json(answer).into_response()
 }
 
 fn text(status: StatusCode, body: String) -> Response {
@@ -215,6 +236,7 @@ fn segment_status(err: &SegmentError) -> StatusCode {
         SegmentError::Invalid(_) => StatusCode::BAD_REQUEST,
         // The tag will never serve again: not a passing outage.
         SegmentError::Exhausted(_) => StatusCode::GONE,
+        SegmentError::Rollback { .. } => StatusCode::CONFLICT,
     }
 }
 

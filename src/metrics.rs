@@ -22,6 +22,9 @@ pub const SEGMENT_REMAINING_IDS: &str = "leafd_segment_remaining_ids";
 pub const SEGMENT_PRELOAD_THRESHOLD_IDS: &str = "leafd_segment_preload_threshold_ids";
 pub const SEGMENT_STEP: &str = "leafd_segment_step";
 pub const SEGMENT_REQUEST_WAITS_TOTAL: &str = "leafd_segment_request_waits_total";
+pub const SEGMENT_ROLLBACKS_TOTAL: &str = "leafd_segment_rollbacks_total";
+pub const SNOWFLAKE_FENCE_AHEAD_SECONDS: &str = "leafd_snowflake_fence_ahead_seconds";
+pub const SNOWFLAKE_LEASE_REMAINING_SECONDS: &str = "leafd_snowflake_lease_remaining_seconds";
 pub const STORAGE_READY: &str = "leafd_storage_ready";
 pub const SNOWFLAKE_IDS_TOTAL: &str = "leafd_snowflake_ids_total";
 pub const SNOWFLAKE_SEQUENCE_WAITS_TOTAL: &str = "leafd_snowflake_sequence_waits_total";
@@ -56,6 +59,18 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         SEGMENT_LOADS_TOTAL,
         "Segment loads from the database, by tag and result.",
+    ),
+    (
+        SEGMENT_ROLLBACKS_TOTAL,
+        "Segment loads refused because the database returned IDs below this node's high-water mark (restored backup, lossy failover), by tag.",
+    ),
+    (
+        SNOWFLAKE_FENCE_AHEAD_SECONDS,
+        "How far the durable snowflake time fence is ahead of the clock; at or below 0 SNOWFLAKE waits, then replies UNAVAILABLE.",
+    ),
+    (
+        SNOWFLAKE_LEASE_REMAINING_SECONDS,
+        "Time left on the coordinator's lease of the worker id (ZooKeeper: until the fence written there); 0 when it ended.",
     ),
     (
         SEGMENT_LOAD_DURATION_SECONDS,

@@ -140,3 +140,33 @@ fn dashboard_queries_only_metrics_leafd_defines() {
         }
     }
 }
+
+#[test]
+fn alert_rules_use_only_metrics_leafd_defines_and_are_loaded() {
+    let rules = load_yaml("docker/alerts.yml");
+    let source = std::fs::read_to_string("src/metrics.rs").unwrap();
+    let mut alerts = 0;
+    for group in rules["groups"].as_vec().unwrap() {
+        for rule in group["rules"].as_vec().unwrap() {
+            let expr = rule["expr"].as_str().unwrap();
+            alerts += 1;
+            for metric in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("leafd_"))
+            {
+                assert!(
+                    source.contains(&format!("\"{metric}\"")),
+                    "{metric} in {expr} is not defined in src/metrics.rs"
+                );
+            }
+        }
+    }
+    assert!(alerts >= 3);
+    let prometheus = load_yaml("docker/prometheus.yml");
+    assert_eq!(
+        prometheus["rule_files"][0].as_str(),
+        Some("/etc/prometheus/alerts.yml")
+    );
+    let compose = std::fs::read_to_string("docker-compose.yml").unwrap();
+    assert!(compose.contains("./docker/alerts.yml:/etc/prometheus/alerts.yml:ro"));
+}

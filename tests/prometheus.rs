@@ -116,6 +116,18 @@ async fn prometheus_scrapes_leafd_and_every_dashboard_query_has_data() {
         String::from_utf8_lossy(&checked.stderr)
     );
 
+    // The shipped alerting rules are valid.
+    let checked = Command::new(&promtool)
+        .args(["check", "rules", "docker/alerts.yml"])
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
     let port = free_port();
     std::fs::write(
         dir.path().join("prometheus.yml"),

@@ -12,6 +12,7 @@ use common::scenarios::{self, create_tag, unique_tag};
 use common::{resp, TestServer};
 use leafd::app::App;
 use leafd::config::Config;
+use sqlx::Connection;
 
 fn config_for(url: &str) -> Config {
     let mut config = Config::default();
@@ -196,6 +197,81 @@ async fn outage_at_run_time(url: &str) {
     server.stop().await;
 }
 
+/// The database goes back in time between two runs of a node (as when a backup taken after
+/// the tag was created is restored): the node refuses the old range with ROLLBACK, and serves
+/// again, above everything it served, once an operator moved the tag forward.
+async fn a_database_gone_back_is_refused_until_skipped(url: &str) {
+    let state = tempfile::tempdir().unwrap();
+    let mut config = config_for(url);
+    config.storage.state_dir = state.path().display().to_string();
+    let server = TestServer::start(config.clone()).await;
+    let tag = unique_tag("rollback");
+    create_tag(&server, &tag, 100, None).await;
+    let mut raw = server.raw().await;
+    let mut highest = 0i64;
+    for _ in 0..250 {
+        highest = incr(&mut raw, &tag).await[1..].trim().parse().unwrap();
+    }
+    assert_eq!(highest, 250);
+    server.stop().await;
+
+    // "Restore the backup": the row as it was right after CREATE.
+    let restore = format!("UPDATE leaf_alloc SET max_id = 0 WHERE biz_tag = '{tag}'");
+    if url.starts_with("mysql") {
+        let mut db = sqlx::MySqlConnection::connect(url).await.unwrap();
+        sqlx::query(&restore).execute(&mut db).await.unwrap();
+    } else {
+        let mut db = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query(&restore).execute(&mut db).await.unwrap();
+    }
+
+    let server = TestServer::start(config).await;
+    let mut raw = server.raw().await;
+    let refused = incr(&mut raw, &tag).await;
+    assert!(
+        refused.starts_with(&format!(
+            "-ROLLBACK tag '{tag}': the database returned IDs from 1, at or below "
+        )),
+        "{refused}"
+    );
+    assert_eq!(
+        incr(&mut raw, &tag).await,
+        refused,
+        "refused until moved on"
+    );
+    let metrics = reqwest::get(server.http_url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!("leafd_segment_rollbacks_total{{tag=\"{tag}\"}} ")),
+        "{metrics}"
+    );
+    let moved = raw
+        .send(&resp(&[b"LEAF.TAG", b"SKIPALL", b"1000"]), 1)
+        .await;
+    assert!(moved.starts_with('*') || moved.starts_with('%'), "{moved}");
+    let _ = raw.read_lines(0).await;
+    let mut after = server.raw().await;
+    // The back-off after the refused load may still run: retry for a little while.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let next = loop {
+        let reply = incr(&mut after, &tag).await;
+        if let Some(id) = reply.strip_prefix(':') {
+            break id.trim().parse::<i64>().unwrap();
+        }
+        assert!(Instant::now() < deadline, "{reply}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        next > highest,
+        "{next} must be above every ID served before ({highest})"
+    );
+    server.stop().await;
+}
+
 macro_rules! backend_tests {
     ($module:ident, $backend:expr) => {
         mod $module {
@@ -257,6 +333,17 @@ macro_rules! backend_tests {
                 let server = TestServer::start(config_for(&url)).await;
                 scenarios::the_end_of_the_id_space_is_refused_and_the_row_kept(&server).await;
                 server.stop().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_database_gone_back_is_refused_until_skipped() {
+                let Some(url) = $backend
+                    .fresh_database(concat!(stringify!($module), "::a_database_gone_back"))
+                    .await
+                else {
+                    return;
+                };
+                super::a_database_gone_back_is_refused_until_skipped(&url).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

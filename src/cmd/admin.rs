@@ -1,5 +1,5 @@
 //! Leaf administration: `LEAF.TAGS` (Leaf's monitor page as a reply) and
-//! `LEAF.TAG CREATE|STEP` to manage tags without SQL.
+//! `LEAF.TAG CREATE|STEP|SKIP|SKIPALL` to manage tags without SQL.
 
 use std::sync::Arc;
 
@@ -48,9 +48,29 @@ pub fn tags(app: &Arc<App>) -> Reply {
     )
 }
 
-/// `LEAF.TAG CREATE <tag> <step> [<start>]` and `LEAF.TAG STEP <tag> <step>`.
+/// `LEAF.TAG CREATE <tag> <step> [<start>]`, `LEAF.TAG STEP <tag> <step>`,
+/// `LEAF.TAG SKIP <tag> <n>` (reply: the new max_id) and `LEAF.TAG SKIPALL <n>` (reply: a map
+/// of every tag to its new max_id).
 pub async fn tag(args: &[Bytes], app: &Arc<App>) -> Reply {
     let sub = &args[1];
+    if sub.eq_ignore_ascii_case(b"skipall") {
+        if args.len() != 3 {
+            return wrong_arity("leaf.tag|skipall");
+        }
+        let n = match parse_i64(&args[2]) {
+            Ok(n) => n,
+            Err(reply) => return reply,
+        };
+        return match app.segments.skip_all(n).await {
+            Ok(moved) => Reply::Map(
+                moved
+                    .into_iter()
+                    .map(|(tag, max_id)| (Reply::bulk(tag), Reply::Integer(max_id)))
+                    .collect(),
+            ),
+            Err(e) => segment_error(&e),
+        };
+    }
     let Ok(tag) = std::str::from_utf8(&args[2]) else {
         return Reply::error("ERR tag may only contain printable ASCII characters without spaces");
     };
@@ -75,9 +95,20 @@ pub async fn tag(args: &[Bytes], app: &Arc<App>) -> Reply {
             Ok(step) => app.segments.set_step(tag, step).await,
             Err(reply) => return reply,
         }
+    } else if sub.eq_ignore_ascii_case(b"skip") {
+        if args.len() != 4 {
+            return wrong_arity("leaf.tag|skip");
+        }
+        return match parse_i64(&args[3]) {
+            Ok(n) => match app.segments.skip(tag, n).await {
+                Ok(max_id) => Reply::Integer(max_id),
+                Err(e) => segment_error(&e),
+            },
+            Err(reply) => reply,
+        };
     } else {
         return Reply::error(format!(
-            "ERR unknown subcommand '{}'. Try LEAF.TAG CREATE or LEAF.TAG STEP.",
+            "ERR unknown subcommand '{}'. Try LEAF.TAG CREATE, STEP, SKIP or SKIPALL.",
             lossy(sub)
         ));
     };

@@ -180,6 +180,7 @@ pub(crate) fn segment_error(err: &SegmentError) -> Reply {
         SegmentError::Unavailable { .. } | SegmentError::Storage(_) => {
             Reply::error(format!("UNAVAILABLE {err}"))
         }
+        SegmentError::Rollback { .. } => Reply::error(format!("ROLLBACK {err}")),
         _ => Reply::error(format!("ERR {err}")),
     }
 }

@@ -78,7 +78,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("config", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "CONFIG GET of a harmless subset of parameters.", false),
     spec("leaf.tags", 1, &["readonly"], NO_KEYS, "leaf", "Every segment tag with its step, max_id and both buffers.", false),
     spec("leaf.decode", 2, &["readonly", "fast"], NO_KEYS, "leaf", "Timestamp, UTC time, worker id and sequence of a snowflake ID.", false),
-    spec("leaf.tag", -3, ADMIN, NO_KEYS, "leaf", "LEAF.TAG CREATE <tag> <step> [<start>] | LEAF.TAG STEP <tag> <step>.", false),
+    spec("leaf.tag", -3, ADMIN, NO_KEYS, "leaf", "LEAF.TAG CREATE <tag> <step> [<start>] | STEP <tag> <step> | SKIP <tag> <n> | SKIPALL <n>.", false),
 ];
 
 /// Finds a command by name, ignoring ASCII case.

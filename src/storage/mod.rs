@@ -2,6 +2,7 @@
 //! implementation per database dialect, chosen by the storage URL.
 
 mod deferred;
+mod marks;
 mod memory;
 mod mysql;
 mod postgres;
@@ -14,6 +15,7 @@ use async_trait::async_trait;
 use crate::config::StorageConfig;
 
 pub use deferred::DeferredStore;
+pub use marks::SegmentMarks;
 pub use memory::MemoryStore;
 pub use mysql::MySqlStore;
 pub use postgres::PostgresStore;

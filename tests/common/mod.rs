@@ -116,17 +116,21 @@ impl TestServer {
     }
 }
 
-/// Servers of one test binary run at once: each gets its own snowflake fence file unless the
-/// test chose one, so none waits for another's fence.
+/// Servers of one test binary run at once: each gets its own state directory (snowflake
+/// fence, segment marks) unless the test chose one or a SQLite file (whose directory is the
+/// state directory), so none waits for another's fence.
 pub fn own_fence_file(mut config: Config) -> Config {
-    if config.snowflake.fence_file.is_empty() {
+    let sqlite_file = config.storage.url.starts_with("sqlite://")
+        && config.storage.url != Config::default().storage.url;
+    if config.storage.state_dir.is_empty() && !sqlite_file && config.snowflake.fence_file.is_empty()
+    {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let path = std::env::temp_dir().join(format!(
-            "leafd-test-fence-{}-{}.json",
+            "leafd-test-state-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        config.snowflake.fence_file = path.display().to_string();
+        config.storage.state_dir = path.display().to_string();
     }
     config
 }

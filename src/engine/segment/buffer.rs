@@ -43,6 +43,12 @@ pub enum LoadFailure {
     UnknownTag,
     /// The next allocation would pass 2^63 − 1.
     Exhausted,
+    /// The database returned a range starting at `from`, below `mark`, the highest `max_id`
+    /// this node already loaded: it went back in time (restored backup, lossy failover).
+    Rollback {
+        from: i64,
+        mark: i64,
+    },
     Unavailable(Arc<str>),
 }
 
@@ -89,6 +95,8 @@ pub struct BufferState {
     pub served: u64,
     pub loads_ok: u64,
     pub loads_failed: u64,
+    /// Loads refused because the database went back below this node's high-water mark.
+    pub rollbacks: u64,
 }
 
 /// Shortest and longest pause between failed loads of one tag.

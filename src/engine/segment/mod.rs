@@ -18,7 +18,7 @@ pub use buffer::{store_reason, BufferState, LoadFailure, Segment};
 use crate::config::{validate_tag_name, SegmentConfig, MAX_TAG_START};
 use crate::engine::clock::Clock;
 use crate::metrics::Metrics;
-use crate::storage::{SegmentStore, StoreError};
+use crate::storage::{SegmentMarks, SegmentStore, StoreError};
 
 /// Tuning of the engine, taken from [`SegmentConfig`].
 #[derive(Debug, Clone)]
@@ -50,6 +50,9 @@ pub enum SegmentError {
     Unavailable { tag: String, reason: String },
     #[error("tag '{0}' has exhausted its ID space")]
     Exhausted(String),
+    /// The database handed out a range this node may already have served.
+    #[error("tag '{tag}': the database returned IDs from {from}, at or below {mark}, the highest this node already loaded (restored backup or lossy failover?); refusing until an operator moves the tag forward (LEAF.TAG SKIP {tag} <n>)")]
+    Rollback { tag: String, from: i64, mark: i64 },
     #[error("tag '{0}' already exists")]
     TagExists(String),
     #[error("{0}")]
@@ -110,6 +113,7 @@ pub struct TagSnapshot {
     pub served: u64,
     pub loads_ok: u64,
     pub loads_failed: u64,
+    pub rollbacks: u64,
 }
 
 /// Counters of the engine's activity.
@@ -144,6 +148,8 @@ const MISS_REFRESH_INTERVAL_MS: u64 = 200;
 /// The segment engine shared by all connections.
 pub struct SegmentEngine {
     store: Arc<dyn SegmentStore>,
+    /// This node's durable high-water mark per tag (the rollback guard).
+    marks: Arc<SegmentMarks>,
     /// Read on every request without a shared lock; replaced whole when the tag set changes.
     tags: ArcSwap<TagMap>,
     /// Serialises changes of the tag set; holds the clock time of the last refresh that a
@@ -158,12 +164,14 @@ pub struct SegmentEngine {
 impl SegmentEngine {
     pub fn new(
         store: Arc<dyn SegmentStore>,
+        marks: Arc<SegmentMarks>,
         settings: SegmentSettings,
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
     ) -> Arc<SegmentEngine> {
         Arc::new(SegmentEngine {
             store,
+            marks,
             tags: ArcSwap::from_pointee(TagMap::new()),
             tag_writer: tokio::sync::Mutex::new(None),
             settings,
@@ -296,6 +304,11 @@ impl SegmentEngine {
                 SegmentError::UnknownTag(tag.to_string())
             }
             LoadFailure::Exhausted => SegmentError::Exhausted(tag.to_string()),
+            LoadFailure::Rollback { from, mark } => SegmentError::Rollback {
+                tag: tag.to_string(),
+                from,
+                mark,
+            },
             LoadFailure::Unavailable(reason) => SegmentError::Unavailable {
                 tag: tag.to_string(),
                 reason: reason.to_string(),
@@ -312,10 +325,18 @@ impl SegmentEngine {
         )
         .await;
         match result {
-            Ok(Ok(alloc)) => {
-                buffer.lock().served += n as u64;
-                Ok(alloc.max_id)
-            }
+            Ok(Ok(alloc)) => match self.guard(&buffer.name, alloc.max_id, n).await {
+                Ok(()) => {
+                    buffer.lock().served += n as u64;
+                    Ok(alloc.max_id)
+                }
+                Err(failure) => {
+                    if matches!(failure, LoadFailure::Rollback { .. }) {
+                        buffer.lock().rollbacks += 1;
+                    }
+                    Err(self.failure_error(&buffer.name, failure))
+                }
+            },
             Ok(Err(StoreError::UnknownTag(t))) => {
                 self.forget_tag(&t);
                 Err(SegmentError::UnknownTag(t))
@@ -330,6 +351,20 @@ impl SegmentEngine {
                 reason: "database unreachable: it did not answer in time".into(),
             }),
         }
+    }
+
+    /// The rollback guard: the range `(max_id - step, max_id]` must start at or above the
+    /// highest `max_id` this node loaded before; then `max_id` becomes the new mark, on disk.
+    async fn guard(&self, tag: &str, max_id: i64, step: i64) -> Result<(), LoadFailure> {
+        let from = max_id - step + 1;
+        if let Some(mark) = self.marks.get(tag) {
+            if from <= mark {
+                return Err(LoadFailure::Rollback { from, mark });
+            }
+        }
+        self.marks.record(tag, max_id).await.map_err(|e| {
+            LoadFailure::Unavailable(format!("cannot record the high-water mark: {e}").into())
+        })
     }
 
     fn spawn_load(self: &Arc<Self>, buffer: Arc<TagBuffer>) {
@@ -364,25 +399,40 @@ impl SegmentEngine {
                     "database did not answer in time".into(),
                 )),
             };
-        let now = self.clock.now_millis();
         self.metrics.segment_load(&buffer.name, started.elapsed());
+        // The range is checked against this node's high-water mark, and the new mark made
+        // durable, before a single ID of it is handed out.
+        let outcome = match result {
+            Ok(alloc) => {
+                let step = requested_step.unwrap_or(alloc.step);
+                match self.guard(&buffer.name, alloc.max_id, step).await {
+                    Ok(()) => Ok((alloc, step)),
+                    Err(failure) => Err(failure),
+                }
+            }
+            Err(err) => Err(LoadFailure::from_store(&err)),
+        };
+        let now = self.clock.now_millis();
         {
             let mut st = buffer.lock();
-            match result {
-                Ok(alloc) => {
+            match outcome {
+                Ok((alloc, step)) => {
                     self.stats.loads_ok.fetch_add(1, Ordering::Relaxed);
-                    let step = requested_step.unwrap_or(alloc.step);
                     if st.failure.is_some() {
                         tracing::info!(tag = %buffer.name, "segment loads succeed again");
                     }
                     st.install(Segment::granted(alloc.max_id, step), alloc.step, now);
                 }
-                Err(err) => {
+                Err(failure) => {
                     self.stats.loads_failed.fetch_add(1, Ordering::Relaxed);
-                    if st.failure.is_none() {
-                        tracing::warn!(tag = %buffer.name, error = %err, "segment load failed; retrying with back-off");
+                    if matches!(failure, LoadFailure::Rollback { .. }) {
+                        st.rollbacks += 1;
                     }
-                    st.record_failure(LoadFailure::from_store(&err), now);
+                    if st.failure.is_none() {
+                        let error = self.failure_error(&buffer.name, failure.clone());
+                        tracing::warn!(tag = %buffer.name, %error, "segment load failed; retrying with back-off");
+                    }
+                    st.record_failure(failure, now);
                 }
             }
             st.loading = false;
@@ -493,6 +543,33 @@ impl SegmentEngine {
         }
     }
 
+    /// Moves a tag's `max_id` forward by `n` without handing out the skipped IDs (the runbook
+    /// after a database restore or a lossy failover); returns the new `max_id`.
+    pub async fn skip(&self, tag: &str, n: i64) -> Result<i64, SegmentError> {
+        if n < 1 {
+            return Err(SegmentError::Invalid(
+                "skip must be a positive number of IDs".into(),
+            ));
+        }
+        let alloc = self.store.allocate(tag, Some(n)).await?;
+        tracing::warn!(
+            tag,
+            skipped = n,
+            max_id = alloc.max_id,
+            "tag moved forward by an operator"
+        );
+        Ok(alloc.max_id)
+    }
+
+    /// [`SegmentEngine::skip`] for every tag in the table; returns each tag's new `max_id`.
+    pub async fn skip_all(&self, n: i64) -> Result<Vec<(String, i64)>, SegmentError> {
+        let mut moved = Vec::new();
+        for row in self.store.list().await? {
+            moved.push((row.tag.clone(), self.skip(&row.tag, n).await?));
+        }
+        Ok(moved)
+    }
+
     /// Changes the step stored for a tag; it applies from the tag's next load.
     pub async fn set_step(&self, tag: &str, step: i64) -> Result<(), SegmentError> {
         self.validate_step(step)?;
@@ -528,9 +605,13 @@ impl SegmentEngine {
                     served: st.served,
                     loads_ok: st.loads_ok,
                     loads_failed: st.loads_failed,
+                    rollbacks: st.rollbacks,
                     last_error: st.failure.as_ref().map(|f| match f {
                         LoadFailure::UnknownTag => "unknown tag".to_string(),
                         LoadFailure::Exhausted => "ID space exhausted".to_string(),
+                        LoadFailure::Rollback { from, mark } => {
+                            format!("rollback: database returned IDs from {from}, below {mark}")
+                        }
                         LoadFailure::Unavailable(reason) => reason.to_string(),
                     }),
                 }
@@ -582,6 +663,7 @@ mod tests {
         };
         SegmentEngine::new(
             Arc::new(MemoryStore::new()),
+            crate::storage::SegmentMarks::in_memory(),
             settings,
             clock,
             Arc::new(Metrics::disabled()),
