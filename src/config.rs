@@ -104,6 +104,8 @@ pub struct ServerConfig {
     pub max_incrby: i64,
     /// At shutdown, commands in flight get this long to finish before leafd stops anyway.
     pub shutdown_timeout_secs: u64,
+    /// Most commands one MULTI may queue; one more makes EXEC abort.
+    pub max_multi_commands: usize,
     pub max_inline_len: usize,
     pub max_bulk_len: usize,
     pub max_array_len: usize,
@@ -122,6 +124,7 @@ impl Default for ServerConfig {
             users: Vec::new(),
             max_incrby: 100_000,
             shutdown_timeout_secs: 10,
+            max_multi_commands: 10_000,
             max_inline_len: limits.max_inline_len,
             max_bulk_len: limits.max_bulk_len,
             max_array_len: limits.max_array_len,
@@ -575,6 +578,9 @@ impl Config {
         }
         if self.server.max_incrby < 1 {
             return invalid("server.max_incrby must be at least 1".into());
+        }
+        if self.server.max_multi_commands < 1 {
+            return invalid("server.max_multi_commands must be at least 1".into());
         }
         if self.server.max_array_len < 3 || self.server.max_bulk_len < 128 {
             return invalid("server.max_array_len must be >= 3 and max_bulk_len >= 128".into());

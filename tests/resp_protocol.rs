@@ -349,3 +349,117 @@ async fn hostile_config_get_patterns_answer_at_once() {
     assert!(reply.contains("$8\r\ntls-port\r\n"), "{reply}");
     server.stop().await;
 }
+
+/// MULTI/EXEC/DISCARD/WATCH/UNWATCH with Redis's exact replies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_queue_then_execute_like_redis() {
+    let server = memory_server(Config::default()).await;
+    let mut raw = server.raw().await;
+    let cases: &[(&[&[u8]], &str)] = &[
+        (&[b"EXEC"], "-ERR EXEC without MULTI\r\n"),
+        (&[b"DISCARD"], "-ERR DISCARD without MULTI\r\n"),
+        (&[b"WATCH", b"segment:order"], "+OK\r\n"),
+        (&[b"UNWATCH"], "+OK\r\n"),
+        (&[b"MULTI"], "+OK\r\n"),
+        (&[b"MULTI"], "-ERR MULTI calls can not be nested\r\n"),
+        (
+            &[b"WATCH", b"x"],
+            "-ERR WATCH inside MULTI is not allowed\r\n",
+        ),
+        (&[b"INCR", b"segment:order"], "+QUEUED\r\n"),
+        (&[b"INCRBY", b"segment:order", b"10"], "+QUEUED\r\n"),
+        (&[b"INCR", b"segment:missing"], "+QUEUED\r\n"),
+        (&[b"PING"], "+QUEUED\r\n"),
+    ];
+    for (args, expected) in cases {
+        assert_eq!(raw.send(&resp(args), 1).await, *expected, "{args:?}");
+    }
+    // The replies in order; a command failing at run time is an error element, as in Redis.
+    assert_eq!(
+        raw.send(&resp(&[b"EXEC"]), 5).await,
+        "*4\r\n:1\r\n:11\r\n-ERR unknown tag 'missing'\r\n+PONG\r\n"
+    );
+    // An unknown command or a wrong arity while queueing aborts the whole transaction.
+    assert_eq!(raw.send(&resp(&[b"MULTI"]), 1).await, "+OK\r\n");
+    assert_eq!(
+        raw.send(&resp(&[b"INCR", b"segment:order"]), 1).await,
+        "+QUEUED\r\n"
+    );
+    assert_eq!(
+        raw.send(&resp(&[b"NOSUCH"]), 1).await,
+        "-ERR unknown command 'NOSUCH', with args beginning with: \r\n"
+    );
+    assert_eq!(
+        raw.send(&resp(&[b"INCR"]), 1).await,
+        "-ERR wrong number of arguments for 'incr' command\r\n"
+    );
+    assert_eq!(
+        raw.send(&resp(&[b"EXEC"]), 1).await,
+        "-EXECABORT Transaction discarded because of previous errors.\r\n"
+    );
+    // Nothing of the aborted transaction ran: the next ID follows the EXEC above.
+    assert_eq!(
+        raw.send(&resp(&[b"INCR", b"segment:order"]), 1).await,
+        ":12\r\n"
+    );
+    // DISCARD drops the queue; RESET leaves a transaction too.
+    assert_eq!(raw.send(&resp(&[b"MULTI"]), 1).await, "+OK\r\n");
+    assert_eq!(
+        raw.send(&resp(&[b"INCR", b"segment:order"]), 1).await,
+        "+QUEUED\r\n"
+    );
+    assert_eq!(raw.send(&resp(&[b"DISCARD"]), 1).await, "+OK\r\n");
+    assert_eq!(raw.send(&resp(&[b"MULTI"]), 1).await, "+OK\r\n");
+    assert_eq!(raw.send(&resp(&[b"RESET"]), 1).await, "+RESET\r\n");
+    assert_eq!(
+        raw.send(&resp(&[b"EXEC"]), 1).await,
+        "-ERR EXEC without MULTI\r\n"
+    );
+    assert_eq!(
+        raw.send(&resp(&[b"INCR", b"segment:order"]), 1).await,
+        ":13\r\n"
+    );
+    server.stop().await;
+}
+
+/// redis-rs's atomic pipeline (MULTI … EXEC), the default of several clients, returns IDs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_atomic_pipeline_of_a_real_client_gets_its_ids() {
+    let server = memory_server(Config::default()).await;
+    let mut con = server.client().await;
+    let (a, b, c): (i64, i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("INCR")
+        .arg("segment:order")
+        .cmd("INCR")
+        .arg("segment:order")
+        .cmd("SNOWFLAKE")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!((a, b), (1, 2));
+    assert!(c > 0);
+    server.stop().await;
+}
+
+/// The queue is bounded: one command over `server.max_multi_commands` aborts the transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_multi_queue_is_bounded() {
+    let mut config = Config::default();
+    config.server.max_multi_commands = 3;
+    let server = memory_server(config).await;
+    let mut raw = server.raw().await;
+    assert_eq!(raw.send(&resp(&[b"MULTI"]), 1).await, "+OK\r\n");
+    for _ in 0..3 {
+        assert_eq!(raw.send(&resp(&[b"PING"]), 1).await, "+QUEUED\r\n");
+    }
+    assert_eq!(
+        raw.send(&resp(&[b"PING"]), 1).await,
+        "-ERR MULTI queue is full (3 commands, server.max_multi_commands)\r\n"
+    );
+    assert_eq!(
+        raw.send(&resp(&[b"EXEC"]), 1).await,
+        "-EXECABORT Transaction discarded because of previous errors.\r\n"
+    );
+    server.stop().await;
+}

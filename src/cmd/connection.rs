@@ -199,5 +199,6 @@ pub fn reset(app: &Arc<App>, session: &mut Session) -> Reply {
     session.name = None;
     session.authenticated = !app.config.server.auth_required();
     session.admin = session.authenticated;
+    session.transaction = None;
     Reply::Simple("RESET".into())
 }

@@ -8,6 +8,7 @@ mod segment;
 mod server;
 mod snowflake;
 pub mod table;
+mod transaction;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +35,8 @@ pub struct Session {
     pub created: Instant,
     /// Set by QUIT: the connection closes after this reply is written.
     pub closing: bool,
+    /// Commands queued since MULTI.
+    pub transaction: Option<transaction::Transaction>,
 }
 
 impl Session {
@@ -49,6 +52,7 @@ impl Session {
             lib_ver: None,
             created: Instant::now(),
             closing: false,
+            transaction: None,
         }
     }
 }
@@ -64,9 +68,15 @@ pub async fn execute(
     started: Instant,
     batch: &mut BatchMetrics,
 ) -> (Reply, Instant) {
-    let (index, reply) = match args.first().and_then(|name| table::lookup_indexed(name)) {
-        Some((index, spec)) => (index, run(spec, app, session, &args).await),
-        None => (usize::MAX, unknown_command(&args)),
+    let found = args.first().and_then(|name| table::lookup_indexed(name));
+    let queued = match session.transaction {
+        Some(_) => transaction::queue(app, session, &args),
+        None => None,
+    };
+    let (index, reply) = match (queued, found) {
+        (Some(reply), found) => (found.map_or(usize::MAX, |(i, _)| i), reply),
+        (None, Some((index, spec))) => (index, run(spec, app, session, &args).await),
+        (None, None) => (usize::MAX, unknown_command(&args)),
     };
     if !app.metrics.enabled() {
         return (reply, started);
@@ -134,6 +144,12 @@ async fn run(
             Reply::error("NOPERM this user has no permissions to run the 'leaf.tag' command")
         }
         "leaf.tag" => admin::tag(args, app).await,
+        "multi" => transaction::multi(session),
+        "discard" => transaction::discard(session),
+        "watch" => transaction::watch(session),
+        "unwatch" => Reply::ok(),
+        // Boxed: EXEC runs the queued commands through `run` (never another EXEC: it is not queued).
+        "exec" => Box::pin(transaction::exec(app, session)).await,
         _ => unknown_command(args),
     }
 }

@@ -78,6 +78,11 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("config", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "CONFIG GET of a harmless subset of parameters.", false),
     spec("leaf.tags", 1, &["readonly"], NO_KEYS, "leaf", "Every segment tag with its step, max_id and both buffers.", false),
     spec("leaf.decode", 2, &["readonly", "fast"], NO_KEYS, "leaf", "Timestamp, UTC time, worker id and sequence of a snowflake ID.", false),
+    spec("multi", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Starts a transaction: later commands are queued until EXEC.", false),
+    spec("exec", 1, &["noscript", "loading", "stale", "skip-slowlog"], NO_KEYS, "transactions", "Runs the queued commands in order and replies with their replies.", false),
+    spec("discard", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Drops the queued commands.", false),
+    spec("watch", -2, &["noscript", "loading", "stale", "fast", "allow-busy"], (1, -1, 1), "transactions", "Accepted; no key leafd serves can be changed by a client, so EXEC never aborts for it.", false),
+    spec("unwatch", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Forgets watched keys (none matter).", false),
     spec("leaf.tag", -3, ADMIN, NO_KEYS, "leaf", "LEAF.TAG CREATE <tag> <step> [<start>] | STEP <tag> <step> | SKIP <tag> <n> | SKIPALL <n>.", false),
 ];
 

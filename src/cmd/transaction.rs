@@ -1,0 +1,110 @@
+//! `MULTI` / `EXEC` / `DISCARD` / `WATCH` / `UNWATCH` as Redis answers them: after MULTI,
+//! commands are checked and queued, EXEC runs them in order. Many clients' default pipeline is one.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{lossy, table, unknown_command, wrong_arity, Session};
+use crate::app::App;
+use crate::protocol::Reply;
+
+/// The commands queued since MULTI.
+#[derive(Debug, Default)]
+pub struct Transaction {
+    queued: Vec<Vec<Bytes>>,
+    /// A queued command was refused (unknown, wrong arity, over the limit): EXEC aborts.
+    aborted: bool,
+}
+
+/// Commands that act at once even inside MULTI (as in Redis).
+fn acts_immediately(name: &[u8]) -> bool {
+    [
+        &b"exec"[..],
+        b"discard",
+        b"multi",
+        b"watch",
+        b"quit",
+        b"reset",
+    ]
+    .iter()
+    .any(|n| n.eq_ignore_ascii_case(name))
+}
+
+/// Inside MULTI, checks and queues `args` (returning `+QUEUED` or the error that will make EXEC
+/// abort); `None` when the command is not for the queue.
+pub(super) fn queue(app: &App, session: &mut Session, args: &[Bytes]) -> Option<Reply> {
+    let name = args.first()?;
+    if acts_immediately(name) {
+        return None;
+    }
+    let transaction = session.transaction.as_mut()?;
+    let refusal = match table::lookup(name) {
+        None => Some(unknown_command(args)),
+        Some(spec) if !spec.arity_ok(args.len()) => Some(wrong_arity(spec.name)),
+        Some(spec) if !session.authenticated && !spec.before_auth => {
+            Some(Reply::error(crate::auth::NOAUTH))
+        }
+        Some(_) if transaction.queued.len() >= app.config.server.max_multi_commands => {
+            Some(Reply::error(format!(
+                "ERR MULTI queue is full ({} commands, server.max_multi_commands)",
+                app.config.server.max_multi_commands
+            )))
+        }
+        Some(_) => None,
+    };
+    Some(match refusal {
+        Some(error) => {
+            transaction.aborted = true;
+            error
+        }
+        None => {
+            transaction.queued.push(args.to_vec());
+            Reply::Simple("QUEUED".into())
+        }
+    })
+}
+
+pub(super) fn multi(session: &mut Session) -> Reply {
+    if session.transaction.is_some() {
+        return Reply::error("ERR MULTI calls can not be nested");
+    }
+    session.transaction = Some(Transaction::default());
+    Reply::ok()
+}
+
+pub(super) fn discard(session: &mut Session) -> Reply {
+    match session.transaction.take() {
+        Some(_) => Reply::ok(),
+        None => Reply::error("ERR DISCARD without MULTI"),
+    }
+}
+
+/// `WATCH key […]`: accepted; no key leafd serves can be changed by a client, so a watched
+/// transaction never aborts.
+pub(super) fn watch(session: &Session) -> Reply {
+    if session.transaction.is_some() {
+        return Reply::error("ERR WATCH inside MULTI is not allowed");
+    }
+    Reply::ok()
+}
+
+/// `EXEC`: the replies of the queued commands in order, or `-EXECABORT` if one was refused.
+pub(super) async fn exec(app: &Arc<App>, session: &mut Session) -> Reply {
+    let Some(transaction) = session.transaction.take() else {
+        return Reply::error("ERR EXEC without MULTI");
+    };
+    if transaction.aborted {
+        return Reply::error("EXECABORT Transaction discarded because of previous errors.");
+    }
+    let mut replies = Vec::with_capacity(transaction.queued.len());
+    for args in transaction.queued {
+        // Checked when queued; looked up again only to reach the command's type.
+        let reply = match table::lookup(&args[0]) {
+            Some(spec) => super::run(spec, app, session, &args).await,
+            None => Reply::error(format!("ERR unknown command '{}'", lossy(&args[0]))),
+        };
+        replies.push(reply);
+    }
+    Reply::Array(replies)
+}
