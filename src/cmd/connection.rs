@@ -162,11 +162,16 @@ pub fn client(args: &[Bytes], session: &mut Session) -> Reply {
         (b"info", 2) => Reply::Verbatim(client_info_line(session)),
         (b"list", _) => Reply::Verbatim(client_info_line(session)),
         (b"no-evict" | b"no-touch", 3) => Reply::ok(),
+        (b"tracking", n) if n >= 3 => tracking(&args[2..]),
+        (b"caching", 3) => Reply::error(
+            "ERR leafd replies are never cacheable: every INCR, SNOWFLAKE or GET snowflake is a new ID (use Do, not DoCache)",
+        ),
         (b"help", 2) => Reply::Array(
             [
                 "CLIENT <subcommand> [<arg> ...]. Subcommands are:",
                 "ID, GETNAME, SETNAME <name>, SETINFO <LIB-NAME|LIB-VER> <value>,",
-                "INFO, LIST, NO-EVICT <ON|OFF>, NO-TOUCH <ON|OFF>, HELP",
+                "INFO, LIST, NO-EVICT <ON|OFF>, NO-TOUCH <ON|OFF>,",
+                "TRACKING <ON OPTIN|OFF> (no reply is ever cached), HELP",
             ]
             .into_iter()
             .map(|l| Reply::Simple(l.into()))
@@ -174,7 +179,7 @@ pub fn client(args: &[Bytes], session: &mut Session) -> Reply {
         ),
         (
             b"id" | b"getname" | b"setname" | b"setinfo" | b"info" | b"no-evict" | b"no-touch"
-            | b"help",
+            | b"help" | b"tracking" | b"caching",
             _,
         ) => wrong_arity(&format!("client|{}", String::from_utf8_lossy(&sub))),
         _ => Reply::error(format!(
@@ -182,6 +187,26 @@ pub fn client(args: &[Bytes], session: &mut Session) -> Reply {
             lossy(&args[1])
         )),
     }
+}
+
+/// `CLIENT TRACKING ON OPTIN …` is accepted (rueidis sends it in its default handshake): in
+/// OPTIN mode nothing is tracked until `CLIENT CACHING YES`, which leafd refuses, so no ID can
+/// ever be served from a client's cache. Tracking without OPTIN would let a client cache
+/// `GET snowflake` and hand out one ID many times: refused. `OFF` is accepted.
+fn tracking(args: &[Bytes]) -> Reply {
+    let on = args[0].eq_ignore_ascii_case(b"on");
+    if args[0].eq_ignore_ascii_case(b"off") {
+        return Reply::ok();
+    }
+    if !on {
+        return Reply::error("ERR syntax error");
+    }
+    if args[1..].iter().any(|a| a.eq_ignore_ascii_case(b"optin")) {
+        return Reply::ok();
+    }
+    Reply::error(
+        "ERR leafd supports CLIENT TRACKING only in OPTIN mode: its replies are new IDs and must never be served from a client-side cache",
+    )
 }
 
 /// `SELECT 0`: leafd has one logical database.
