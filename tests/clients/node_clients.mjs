@@ -38,6 +38,11 @@ const piped = (await pipeline.exec()).map(([err, id]) => {
   return id;
 });
 unique(piped, "ioredis pipeline");
+const txReplies = await io.multi().incr("segment:node").incr("segment:node").exec();
+unique(txReplies.map(([err, id]) => {
+  assert.equal(err, null);
+  return id;
+}), "ioredis multi/exec");
 const auto = await Promise.all(Array.from({ length: 1000 }, () => io.incr("segment:node")));
 unique(auto, "ioredis auto-pipelining");
 await io.quit();
@@ -55,6 +60,10 @@ for (const RESP of [2, 3]) {
   const multi = client.multi();
   for (let i = 0; i < 1000; i++) multi.incr("segment:node");
   unique(await multi.execAsPipeline(), `node-redis RESP${RESP} pipeline`);
+  // multi().exec() is a real transaction: MULTI … EXEC.
+  const tx = client.multi();
+  for (let i = 0; i < 100; i++) tx.incr("segment:node");
+  unique(await tx.exec(), `node-redis RESP${RESP} MULTI/EXEC`);
   const batch = await client.sendCommand(["SNOWFLAKE", "20"]);
   assert.equal(batch.length, 20);
   batch.forEach((id) => isInteger(id, `node-redis RESP${RESP} SNOWFLAKE 20`));

@@ -36,6 +36,15 @@ ids = pipe.execute()
 assert ids == sorted(ids), "pipeline replies in order"
 unique(ids, "pipeline")
 
+# redis-py's default pipeline is a transaction: MULTI … EXEC.
+tx = r.pipeline()
+for _ in range(100):
+    tx.incr("segment:py")
+tx.execute_command("SNOWFLAKE")
+replies = tx.execute()
+assert all(isinstance(i, int) for i in replies), replies
+unique(replies, "pipeline() (MULTI/EXEC)")
+
 r3 = redis.Redis(host="127.0.0.1", port=port, protocol=3)
 unique([r3.incr("segment:py"), r3.execute_command("SNOWFLAKE")], "resp3")
 hello = r3.execute_command("HELLO", 3)

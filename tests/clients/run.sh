@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs leafd (the debug build) and checks it with the Redis clients people use: redis-cli
-# (interactive, --pipe, -3), redis-py, ioredis and node-redis, and redis-benchmark. Installs
+# (interactive, --pipe, -3), redis-py, ioredis and node-redis, go-redis and rueidis, Jedis,
+# Lettuce, Redisson and Spring Data Redis (tests/clients/java), and redis-benchmark. Installs
 # redis-py into a venv and the node clients into a temp dir. Loopback only; bounded.
 #   tests/clients/run.sh [LEAFD_BIN]
 set -uo pipefail
@@ -74,6 +75,19 @@ node_clients() {
     && cp tests/clients/node_clients.mjs "$work/" && node "$work/node_clients.mjs" "$port"
 }
 
+# A second leafd with a password, for the Java and Go clients (AUTH in their handshakes).
+auth_port=$(free_port)
+"$leafd_bin" --bind "127.0.0.1:$auth_port" --http-bind "127.0.0.1:$(free_port)" \
+  --storage-url "sqlite://$work/auth/leafd.db" --requirepass "s3cret-pw" > "$work/leafd-auth.log" 2>&1 &
+auth_pid=$!
+trap 'kill $leafd_pid $auth_pid 2>/dev/null; wait $leafd_pid $auth_pid 2>/dev/null; rm -rf "$work"' EXIT
+for _ in $(seq 1 100); do redis-cli -p "$auth_port" -a s3cret-pw --no-auth-warning PING >/dev/null 2>&1 && break; sleep 0.1; done
+
+go_clients() {
+  command -v go >/dev/null || { echo "go not installed"; return 1; }
+  (cd tests/clients/go && LEAFD_ADDR="127.0.0.1:$auth_port" LEAFD_PASSWORD=s3cret-pw timeout 300 go run .)
+}
+
 redis_benchmark() {
   local out
   redis-cli -p "$port" LEAF.TAG CREATE bench 1000 >/dev/null
@@ -91,6 +105,7 @@ check "redis-cli --pipe" redis_cli_pipe
 check "redis-cli -3" redis_cli_resp3
 check "redis-py" redis_py
 check "ioredis + node-redis" node_clients
+check "go-redis + rueidis" go_clients
 check "redis-benchmark" redis_benchmark
 echo "clients: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
