@@ -88,6 +88,14 @@ go_clients() {
   (cd tests/clients/go && LEAFD_ADDR="127.0.0.1:$auth_port" LEAFD_PASSWORD=s3cret-pw timeout 300 go run .)
 }
 
+java_clients() {
+  command -v mvn >/dev/null || { echo "mvn not installed"; return 1; }
+  local out
+  out=$(cd tests/clients/java && LEAFD_HOST=127.0.0.1 LEAFD_PORT="$auth_port" LEAFD_PASSWORD=s3cret-pw \
+    timeout 900 mvn -B -q test 2>&1) || { echo "$out" | grep -v "^\[INFO\]" | tail -n 60; return 1; }
+  echo "$out" | grep "java clients:" | tail -n 1
+}
+
 redis_benchmark() {
   local out
   redis-cli -p "$port" LEAF.TAG CREATE bench 1000 >/dev/null
@@ -106,6 +114,7 @@ check "redis-cli -3" redis_cli_resp3
 check "redis-py" redis_py
 check "ioredis + node-redis" node_clients
 check "go-redis + rueidis" go_clients
+check "Jedis + Lettuce + Redisson + Spring Data Redis" java_clients
 check "redis-benchmark" redis_benchmark
 echo "clients: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
