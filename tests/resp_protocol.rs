@@ -463,3 +463,23 @@ async fn the_multi_queue_is_bounded() {
     );
     server.stop().await;
 }
+
+/// Client-side caching would serve one ID many times: only OPTIN tracking (rueidis' default
+/// handshake) is accepted, and CLIENT CACHING YES, which would start caching, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_tracking_is_accepted_only_where_nothing_gets_cached() {
+    let server = memory_server(Config::default()).await;
+    let mut raw = server.raw().await;
+    let cases: &[(&[&[u8]], &str)] = &[
+        (&[b"CLIENT", b"TRACKING", b"ON", b"OPTIN"], "+OK\r\n"),
+        (&[b"CLIENT", b"CACHING", b"YES"], "-ERR leafd replies are never cacheable: every INCR, SNOWFLAKE or GET snowflake is a new ID (use Do, not DoCache)\r\n"),
+        (&[b"CLIENT", b"TRACKING", b"ON"], "-ERR leafd supports CLIENT TRACKING only in OPTIN mode: its replies are new IDs and must never be served from a client-side cache\r\n"),
+        (&[b"CLIENT", b"TRACKING", b"ON", b"BCAST"], "-ERR leafd supports CLIENT TRACKING only in OPTIN mode: its replies are new IDs and must never be served from a client-side cache\r\n"),
+        (&[b"CLIENT", b"TRACKING", b"OFF"], "+OK\r\n"),
+        (&[b"CLIENT", b"TRACKING", b"MAYBE"], "-ERR syntax error\r\n"),
+    ];
+    for (args, expected) in cases {
+        assert_eq!(raw.send(&resp(args), 1).await, *expected, "{args:?}");
+    }
+    server.stop().await;
+}
