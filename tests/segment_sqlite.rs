@@ -46,14 +46,16 @@ async fn incrby_blocks_never_overlap() {
 }
 
 // One thread: the preload task is queued ahead of the next request, so the assertion on waits
-// checks the engine's logic, not how the OS scheduled threads on a busy CI machine.
+// checks the engine's logic, not how the OS scheduled threads on a busy CI machine. Step 100:
+// a load includes the fsync of this node's high-water mark (the rollback guard, ~0.1-0.5 ms
+// here), which the 90 IDs left after the preload starts cover; with step 10 they do not.
 #[tokio::test(flavor = "current_thread")]
 async fn segments_switch_without_gaps_and_preload_before_exhaustion() {
     let store = FlakyStore::new(Arc::new(MemoryStore::new()));
     let mut config = Config::default();
     config.segment.adaptive_step = false;
     let server = TestServer::start_with_store(config, store.clone()).await;
-    create_tag(&server, "switch", 10, None).await;
+    create_tag(&server, "switch", 100, None).await;
     let mut con = server.client().await;
     let mut ids = Vec::new();
     for _ in 0..1000 {
@@ -68,8 +70,8 @@ async fn segments_switch_without_gaps_and_preload_before_exhaustion() {
     assert_eq!(ids, (1..=1000).collect::<Vec<i64>>());
     let loads = store.allocations();
     assert!(
-        (100..=101).contains(&loads),
-        "step 10 over 1000 IDs takes 100 loads (+1 preloaded), got {loads}"
+        (10..=11).contains(&loads),
+        "step 100 over 1000 IDs takes 10 loads (+1 preloaded), got {loads}"
     );
     // Only the very first request found both buffers empty; every later segment was ready.
     let waits = server
