@@ -33,6 +33,7 @@ fn segment_engine(rt: &tokio::runtime::Runtime, metrics: Arc<Metrics>) -> Arc<Se
         adaptive_step: false,
         max_step: 1_000_000,
         load_timeout: Duration::from_secs(1),
+        max_tags: 1000,
     };
     let engine = SegmentEngine::new(
         Arc::new(MemoryStore::new()),

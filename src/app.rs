@@ -57,6 +57,8 @@ pub struct App {
     local_port: AtomicU16,
     tls_port: AtomicU16,
     background: CancellationToken,
+    /// Cancelled by the SHUTDOWN command: the listeners stop as on SIGTERM.
+    shutdown: CancellationToken,
 }
 
 impl App {
@@ -146,6 +148,7 @@ impl App {
             local_port: AtomicU16::new(0),
             tls_port: AtomicU16::new(0),
             background,
+            shutdown: CancellationToken::new(),
         })
     }
 
@@ -273,6 +276,17 @@ impl App {
                 .set(now.saturating_sub(zk.last_report_ms()) as f64 / 1000.0);
         }
         m.render()
+    }
+
+    /// Asks the listeners to stop and drain, as SIGTERM does (the SHUTDOWN command).
+    pub fn request_shutdown(&self) {
+        tracing::warn!("SHUTDOWN requested by a client: stopping as on SIGTERM");
+        self.shutdown.cancel();
+    }
+
+    /// Completes once SHUTDOWN was requested.
+    pub fn shutdown_requested(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.shutdown.cancelled()
     }
 
     /// True once the database answered and the tag list was loaded.

@@ -19,6 +19,17 @@ pub struct Config {
     pub snowflake: SnowflakeConfig,
     pub http: HttpConfig,
     pub tls: TlsConfig,
+    pub admin: AdminConfig,
+}
+
+/// Who may run admin commands (LEAF.TAG, CONFIG, SHUTDOWN, the HTTP tag endpoints) when no
+/// password or user is configured.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Without a password, admin commands are refused from other hosts unless this is true
+    /// (named so that nobody sets it by accident).
+    pub allow_unauthenticated: bool,
 }
 
 /// TLS (rustls) for the RESP and HTTP listeners, from PEM files. Off unless `bind` or `http`
@@ -106,6 +117,9 @@ pub struct ServerConfig {
     pub shutdown_timeout_secs: u64,
     /// Most commands one MULTI may queue; one more makes EXEC abort.
     pub max_multi_commands: usize,
+    /// As Redis: with no password or user configured, clients from other hosts are refused
+    /// (one `-DENIED` reply, then the connection closes); loopback clients are served.
+    pub protected_mode: bool,
     pub max_inline_len: usize,
     pub max_bulk_len: usize,
     pub max_array_len: usize,
@@ -125,6 +139,7 @@ impl Default for ServerConfig {
             max_incrby: 100_000,
             shutdown_timeout_secs: 10,
             max_multi_commands: 10_000,
+            protected_mode: true,
             max_inline_len: limits.max_inline_len,
             max_bulk_len: limits.max_bulk_len,
             max_array_len: limits.max_array_len,
@@ -302,6 +317,8 @@ pub struct SegmentConfig {
     pub max_step: i64,
     /// Longest a request waits for a segment load when both buffers are empty, in ms.
     pub load_timeout_ms: u64,
+    /// Most tags `LEAF.TAG CREATE` (and the HTTP endpoint) may bring the table to.
+    pub max_tags: usize,
     /// Tags created at start when absent (`[[segment.tags]]`).
     pub tags: Vec<TagSeed>,
 }
@@ -313,6 +330,7 @@ impl Default for SegmentConfig {
             adaptive_step: true,
             max_step: 1_000_000,
             load_timeout_ms: 1000,
+            max_tags: 10_000,
             tags: Vec::new(),
         }
     }

@@ -5,12 +5,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use std::net::SocketAddr;
+
+use axum::extract::connect_info::{ConnectInfo, Connected};
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, patch, post};
+use axum::serve::IncomingStream;
 use axum::serve::Listener;
 use axum::{Json, Router};
 use base64::Engine as _;
@@ -32,10 +36,43 @@ pub async fn run<L>(
 where
     L: Listener,
     L::Addr: std::fmt::Debug,
+    for<'a> Peer: Connected<IncomingStream<'a, L>>,
 {
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        router(app).into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
+
+/// The client's address, for protected mode and the admin rule.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub SocketAddr);
+
+impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Peer {
+        Peer(*stream.remote_addr())
+    }
+}
+
+impl Connected<IncomingStream<'_, crate::tls::HttpsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, crate::tls::HttpsListener>) -> Peer {
+        Peer(*stream.remote_addr())
+    }
+}
+
+/// The peer of a request; an unknown one is treated as remote (refused rather than trusted).
+fn peer_of(parts: &Parts) -> SocketAddr {
+    parts
+        .extensions
+        .get::<ConnectInfo<Peer>>()
+        .map(|info| info.0 .0)
+        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+}
+
+fn forbidden(message: &str) -> Response {
+    text(StatusCode::FORBIDDEN, format!("{message}\n"))
 }
 
 pub fn router(app: Arc<App>) -> Router {
@@ -103,6 +140,9 @@ impl FromRequestParts<Arc<App>> for Caller {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
+        if crate::access::protected_mode_refuses(&app.config, peer_of(parts)) {
+            return Err(forbidden(crate::access::PROTECTED_MODE_DENIED));
+        }
         caller_role(app, &parts.headers)
             .map(|_| Caller)
             .map_err(unauthorized)
@@ -113,6 +153,15 @@ impl FromRequestParts<Arc<App>> for AdminCaller {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
+        let peer = peer_of(parts);
+        if crate::access::protected_mode_refuses(&app.config, peer) {
+            return Err(forbidden(crate::access::PROTECTED_MODE_DENIED));
+        }
+        if !app.config.server.auth_required()
+            && !crate::access::unauthenticated_admin(&app.config, peer)
+        {
+            return Err(forbidden(crate::access::ADMIN_NEEDS_PASSWORD));
+        }
         match caller_role(app, &parts.headers).map_err(unauthorized)? {
             Role::Admin => Ok(AdminCaller),
             Role::User => Err(text(

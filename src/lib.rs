@@ -11,6 +11,7 @@
 //! - [`tls`]: rustls configuration from PEM files for the RESP and HTTP listeners.
 //! - [`app`]: wiring of config, storage and engines into one shared application state.
 
+pub mod access;
 pub mod app;
 pub mod auth;
 pub mod cmd;

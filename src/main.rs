@@ -20,6 +20,9 @@ struct Cli {
     /// RESP listen address (server.bind), e.g. 127.0.0.1:6380; "" for none (TLS only).
     #[arg(long, env = "LEAFD_BIND")]
     bind: Option<String>,
+    /// RESP port, as redis-server's --port: the configured (or --bind) host with this port.
+    #[arg(long, env = "LEAFD_PORT")]
+    port: Option<u16>,
     /// HTTP listen address for /metrics and the Leaf HTTP API (http.bind).
     #[arg(long, env = "LEAFD_HTTP_BIND")]
     http_bind: Option<String>,
@@ -58,6 +61,9 @@ impl Cli {
         if let Some(v) = &self.bind {
             config.server.bind = v.clone();
         }
+        if let Some(port) = self.port {
+            config.server.bind = with_port(&config.server.bind, port)?;
+        }
         if let Some(v) = &self.http_bind {
             config.http.bind = v.clone();
         }
@@ -76,6 +82,15 @@ impl Cli {
         config.validate()?;
         Ok(config)
     }
+}
+
+/// `host:port` with the port replaced (IPv6 hosts in brackets, as in `[::]:6380`).
+fn with_port(bind: &str, port: u16) -> anyhow::Result<String> {
+    let host = match bind.rsplit_once(':') {
+        Some((host, _)) if !host.is_empty() => host,
+        _ => anyhow::bail!("--port needs server.bind to name a host (it is {bind:?})"),
+    };
+    Ok(format!("{host}:{port}"))
 }
 
 async fn shutdown_signal() {
@@ -128,6 +143,20 @@ async fn reload_tls_on_hangup(settings: Vec<std::sync::Arc<leafd::tls::TlsSettin
     }
     #[cfg(not(unix))]
     drop(settings);
+}
+
+/// One warning at start when a listener is reachable from other hosts without a password.
+fn warn_if_exposed(config: &Config) {
+    let mut binds = vec![config.server.bind.as_str(), config.http.bind.as_str()];
+    binds.extend(config.tls.bind.as_deref());
+    if config.server.auth_required() || !leafd::access::listens_beyond_loopback(&binds) {
+        return;
+    }
+    if config.server.protected_mode {
+        tracing::warn!("protected mode: listening beyond loopback with no password, so clients from other hosts are refused (DENIED); set server.requirepass or [[server.users]], or server.protected_mode = false");
+    } else {
+        tracing::warn!("listening beyond loopback with no password and protected mode off: any host that reaches leafd can fetch IDs; admin commands stay loopback-only unless admin.allow_unauthenticated = true");
+    }
 }
 
 /// Logs one line naming the cause (library errors already carry their sources' text) and exits 1.
@@ -225,6 +254,7 @@ async fn main() -> anyhow::Result<()> {
         coordinator = ?app.config.snowflake.coordinator,
         "leafd listening"
     );
+    warn_if_exposed(&app.config);
     let stop = tokio_util::sync::CancellationToken::new();
     let http = http_listener.map(|l| {
         let stopped = stop.clone().cancelled_owned();

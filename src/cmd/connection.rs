@@ -223,7 +223,7 @@ pub fn reset(app: &Arc<App>, session: &mut Session) -> Reply {
     session.protocol = RespVersion::Resp2;
     session.name = None;
     session.authenticated = !app.config.server.auth_required();
-    session.admin = session.authenticated;
+    session.admin = session.authenticated && session.admin_without_auth;
     session.transaction = None;
     Reply::Simple("RESET".into())
 }

@@ -27,8 +27,12 @@ pub struct Session {
     pub addr: String,
     pub protocol: RespVersion,
     pub authenticated: bool,
-    /// May run admin commands: true without authentication configured, else per user.
+    /// May run admin commands: per user when authentication is configured, else as
+    /// `admin_without_auth` says.
     pub admin: bool,
+    /// Without a password, whether this client's host may run admin commands (loopback, or
+    /// `admin.allow_unauthenticated`).
+    pub admin_without_auth: bool,
     pub name: Option<Bytes>,
     pub lib_name: Option<Bytes>,
     pub lib_ver: Option<Bytes>,
@@ -37,9 +41,18 @@ pub struct Session {
     pub closing: bool,
     /// Commands queued since MULTI.
     pub transaction: Option<transaction::Transaction>,
+    /// Close without writing this command's reply (SHUTDOWN, as Redis).
+    pub silent: bool,
 }
 
 impl Session {
+    /// Restricts admin commands for an unauthenticated client from another host.
+    pub fn with_admin_without_auth(mut self, allowed: bool) -> Session {
+        self.admin_without_auth = allowed;
+        self.admin = self.admin && allowed;
+        self
+    }
+
     pub fn new(id: u64, addr: String, auth_required: bool) -> Session {
         Session {
             id,
@@ -47,12 +60,14 @@ impl Session {
             protocol: RespVersion::Resp2,
             authenticated: !auth_required,
             admin: !auth_required,
+            admin_without_auth: true,
             name: None,
             lib_name: None,
             lib_ver: None,
             created: Instant::now(),
             closing: false,
             transaction: None,
+            silent: false,
         }
     }
 }
@@ -135,14 +150,10 @@ async fn run(
         "command" => server::command(args),
         "info" => server::info(args, app),
         "time" => server::time(),
-        "config" if !session.admin => {
-            Reply::error("NOPERM this user has no permissions to run the 'config' command")
-        }
+        "config" | "leaf.tag" | "shutdown" if !session.admin => admin_refusal(app, spec.name),
         "config" => server::config(args, app),
+        "shutdown" => server::shutdown(args, app, session),
         "leaf.tags" => admin::tags(app),
-        "leaf.tag" if !session.admin => {
-            Reply::error("NOPERM this user has no permissions to run the 'leaf.tag' command")
-        }
         "leaf.tag" => admin::tag(args, app).await,
         "multi" => transaction::multi(session),
         "discard" => transaction::discard(session),
@@ -151,6 +162,18 @@ async fn run(
         // Boxed: EXEC runs the queued commands through `run` (never another EXEC: it is not queued).
         "exec" => Box::pin(transaction::exec(app, session)).await,
         _ => unknown_command(args),
+    }
+}
+
+/// Why a client may not run an admin command: its user is not an admin, or (no password
+/// configured) it connects from another host.
+fn admin_refusal(app: &App, name: &str) -> Reply {
+    if app.config.server.auth_required() {
+        Reply::error(format!(
+            "NOPERM this user has no permissions to run the '{name}' command"
+        ))
+    } else {
+        Reply::error(crate::access::ADMIN_NEEDS_PASSWORD)
     }
 }
 

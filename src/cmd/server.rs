@@ -206,7 +206,7 @@ pub fn config(args: &[Bytes], app: &Arc<App>) -> Reply {
         return wrong_arity("config|get");
     }
     let server = &app.config.server;
-    let params: [(&str, String); 9] = [
+    let params: [(&str, String); 10] = [
         ("maxclients", server.max_clients.to_string()),
         ("timeout", server.idle_timeout_secs.to_string()),
         ("databases", "1".into()),
@@ -216,6 +216,10 @@ pub fn config(args: &[Bytes], app: &Arc<App>) -> Reply {
         ("appendonly", "no".into()),
         ("proto-max-bulk-len", server.max_bulk_len.to_string()),
         ("bind", server.bind.clone()),
+        (
+            "protected-mode",
+            if server.protected_mode { "yes" } else { "no" }.into(),
+        ),
     ];
     let patterns: Vec<Glob> = args[2..].iter().map(|p| Glob::new(p)).collect();
     Reply::Map(
@@ -225,4 +229,25 @@ pub fn config(args: &[Bytes], app: &Arc<App>) -> Reply {
             .map(|(name, value)| (Reply::bulk(*name), Reply::bulk(value.clone())))
             .collect(),
     )
+}
+
+/// `SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE]` (admin): stops leafd gracefully, as SIGTERM does; the
+/// options are accepted and ignored (leafd has no dataset to save). As Redis, the client gets
+/// no reply: its connection closes.
+pub fn shutdown(args: &[Bytes], app: &Arc<App>, session: &mut crate::cmd::Session) -> Reply {
+    for arg in &args[1..] {
+        let known = [&b"nosave"[..], b"save", b"now", b"force"]
+            .iter()
+            .any(|o| o.eq_ignore_ascii_case(arg));
+        if arg.eq_ignore_ascii_case(b"abort") {
+            return Reply::error("ERR No shutdown in progress.");
+        }
+        if !known {
+            return Reply::error("ERR syntax error");
+        }
+    }
+    app.request_shutdown();
+    session.silent = true;
+    session.closing = true;
+    Reply::ok()
 }

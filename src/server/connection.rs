@@ -103,7 +103,8 @@ pub(crate) async fn serve(
         app.next_client_id(),
         peer.to_string(),
         server.auth_required(),
-    );
+    )
+    .with_admin_without_auth(crate::access::unauthenticated_admin(&app.config, peer));
     // Buffers are allocated when data arrives and released whenever they are empty, so an idle
     // connection holds no buffer memory (10,000 idle clients would otherwise pin 80 MB).
     let mut input = BytesMut::new();
@@ -124,7 +125,9 @@ pub(crate) async fn serve(
                     let (reply, finished) =
                         cmd::execute(app, &mut session, args, started, &mut batch).await;
                     started = finished;
-                    reply.encode(session.protocol, &mut output);
+                    if !session.silent {
+                        reply.encode(session.protocol, &mut output);
+                    }
                     if session.closing {
                         close = true;
                         break;

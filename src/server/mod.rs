@@ -72,6 +72,7 @@ pub async fn run_listeners(
     loop {
         let (accepted, tls) = tokio::select! {
             _ = &mut shutdown => break,
+            _ = app.shutdown_requested() => break,
             accepted = accept_on(listeners.plain.as_ref()) => (accepted, None),
             accepted = accept_on(tls_listener) => {
                 (accepted, listeners.tls.as_ref().map(|(_, a, t)| (a.clone(), *t)))
@@ -142,6 +143,12 @@ async fn serve_or_reject(
     stop: CancellationToken,
     permit: Option<OwnedSemaphorePermit>,
 ) {
+    if crate::access::protected_mode_refuses(&app.config, peer) {
+        let reply = format!("-{}\r\n", crate::access::PROTECTED_MODE_DENIED);
+        let _ = stream.write_all(reply.as_bytes()).await;
+        connection::close_gracefully(stream).await;
+        return;
+    }
     let Some(permit) = permit else {
         let _ = stream
             .write_all(b"-ERR max number of clients reached\r\n")

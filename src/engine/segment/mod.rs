@@ -27,6 +27,8 @@ pub struct SegmentSettings {
     pub max_step: i64,
     /// Longest a request waits for a load when both buffers are empty.
     pub load_timeout: Duration,
+    /// Most tags the table may hold; creating one more is refused.
+    pub max_tags: usize,
 }
 
 impl From<&SegmentConfig> for SegmentSettings {
@@ -35,6 +37,7 @@ impl From<&SegmentConfig> for SegmentSettings {
             adaptive_step: c.adaptive_step,
             max_step: c.max_step,
             load_timeout: Duration::from_millis(c.load_timeout_ms),
+            max_tags: c.max_tags,
         }
     }
 }
@@ -516,6 +519,14 @@ impl SegmentEngine {
             )));
         }
         let _writer = self.tag_writer.lock().await;
+        // Counted in the table, not in this node's map: other nodes create tags too.
+        let existing = self.store.list().await?.len();
+        if existing >= self.settings.max_tags {
+            return Err(SegmentError::Invalid(format!(
+                "tag limit reached: the table has {existing} tags (segment.max_tags = {})",
+                self.settings.max_tags
+            )));
+        }
         self.store
             .create_tag(tag, step, start - 1, description)
             .await?;
@@ -660,6 +671,7 @@ mod tests {
             adaptive_step: true,
             max_step,
             load_timeout: Duration::from_secs(1),
+            max_tags: 1000,
         };
         SegmentEngine::new(
             Arc::new(MemoryStore::new()),
