@@ -483,3 +483,23 @@ async fn client_tracking_is_accepted_only_where_nothing_gets_cached() {
     }
     server.stop().await;
 }
+
+/// `segment.max_tags` bounds the rows LEAF.TAG CREATE can add, with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tag_creation_is_bounded() {
+    let mut config = Config::default();
+    config.segment.max_tags = 2;
+    let server = memory_server(config).await; // creates "order"
+    let mut raw = server.raw().await;
+    assert_eq!(
+        raw.send(&resp(&[b"LEAF.TAG", b"CREATE", b"second", b"10"]), 1)
+            .await,
+        "+OK\r\n"
+    );
+    assert_eq!(
+        raw.send(&resp(&[b"LEAF.TAG", b"CREATE", b"third", b"10"]), 1)
+            .await,
+        "-ERR tag limit reached: the table has 2 tags (segment.max_tags = 2)\r\n"
+    );
+    server.stop().await;
+}
