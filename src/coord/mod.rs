@@ -108,7 +108,7 @@ pub async fn start(
     clock: Arc<dyn Clock>,
 ) -> Result<Worker, CoordError> {
     let now = clock.now_millis();
-    if now < layout.epoch_ms {
+    if now <= layout.epoch_ms {
         return Err(CoordError::EpochInFuture {
             epoch_ms: layout.epoch_ms,
             ahead_ms: layout.epoch_ms - now,

@@ -25,8 +25,8 @@ pub enum SnowflakeError {
     Unavailable(String),
     #[error("clock is past the last timestamp the layout can hold")]
     Exhausted,
-    /// The clock is before the layout's epoch: IDs would be negative.
-    #[error("clock is before the snowflake epoch")]
+    /// The clock is not after the layout's epoch: IDs would be negative or zero.
+    #[error("clock is not after the snowflake epoch")]
     BeforeEpoch,
 }
 
@@ -164,7 +164,7 @@ impl SnowflakeEngine {
         if now > self.layout.max_timestamp_ms() {
             return Err(SnowflakeError::Exhausted);
         }
-        if now < self.layout.epoch_ms {
+        if now <= self.layout.epoch_ms {
             return Err(SnowflakeError::BeforeEpoch);
         }
         // The fence and the lease: a timestamp beyond either could repeat after a crash or
@@ -442,9 +442,12 @@ mod tests {
     }
 
     #[test]
-    fn a_clock_before_the_epoch_is_an_error_not_a_negative_id() {
-        let clock = Arc::new(ManualClock::new(Layout::default().epoch_ms - 1));
-        let engine = engine(clock);
-        assert_eq!(engine.try_next(1), Err(SnowflakeError::BeforeEpoch));
+    fn a_clock_at_or_before_the_epoch_is_an_error_not_a_zero_or_negative_id() {
+        for offset in [-1i64, 0] {
+            let epoch = Layout::default().epoch_ms;
+            let clock = Arc::new(ManualClock::new(epoch.saturating_add_signed(offset)));
+            let engine = engine(clock);
+            assert_eq!(engine.try_next(1), Err(SnowflakeError::BeforeEpoch));
+        }
     }
 }
