@@ -46,19 +46,19 @@ async fn incrby_blocks_never_overlap() {
 }
 
 // One thread: the preload task is queued ahead of the next request, so the assertion on waits
-// checks the engine's logic, not how the OS scheduled threads on a busy CI machine. Step 100:
-// a load includes the fsync of this node's high-water mark (the rollback guard, ~0.1-0.5 ms
-// here), which the 90 IDs left after the preload starts cover; with step 10 they do not.
+// checks the engine's logic, not how the OS scheduled threads on a busy CI machine. Step 1000:
+// a load includes the fdatasync of this node's high-water mark (the rollback guard, ~0.1 ms
+// idle, several ms on a busy disk), which the 900 IDs left after the preload starts cover.
 #[tokio::test(flavor = "current_thread")]
 async fn segments_switch_without_gaps_and_preload_before_exhaustion() {
     let store = FlakyStore::new(Arc::new(MemoryStore::new()));
     let mut config = Config::default();
     config.segment.adaptive_step = false;
     let server = TestServer::start_with_store(config, store.clone()).await;
-    create_tag(&server, "switch", 100, None).await;
+    create_tag(&server, "switch", 1000, None).await;
     let mut con = server.client().await;
     let mut ids = Vec::new();
-    for _ in 0..1000 {
+    for _ in 0..10_000 {
         let id: i64 = redis::cmd("INCR")
             .arg("segment:switch")
             .query_async(&mut con)
@@ -66,12 +66,12 @@ async fn segments_switch_without_gaps_and_preload_before_exhaustion() {
             .unwrap();
         ids.push(id);
     }
-    // One node on a fresh tag: consecutive segments, so exactly 1..=1000, no gap, no repeat.
-    assert_eq!(ids, (1..=1000).collect::<Vec<i64>>());
+    // One node on a fresh tag: consecutive segments, so exactly 1..=10000, no gap, no repeat.
+    assert_eq!(ids, (1..=10_000).collect::<Vec<i64>>());
     let loads = store.allocations();
     assert!(
         (10..=11).contains(&loads),
-        "step 100 over 1000 IDs takes 10 loads (+1 preloaded), got {loads}"
+        "step 1000 over 10,000 IDs takes 10 loads (+1 preloaded), got {loads}"
     );
     // Only the very first request found both buffers empty; every later segment was ready.
     let waits = server

@@ -18,7 +18,7 @@ pub use buffer::{store_reason, BufferState, LoadFailure, Segment};
 use crate::config::{validate_tag_name, SegmentConfig, MAX_TAG_START};
 use crate::engine::clock::Clock;
 use crate::metrics::Metrics;
-use crate::storage::{SegmentMarks, SegmentStore, StoreError};
+use crate::storage::{LeafAlloc, SegmentMarks, SegmentStore, StoreError};
 
 /// Tuning of the engine, taken from [`SegmentConfig`].
 #[derive(Debug, Clone)]
@@ -81,6 +81,11 @@ pub struct TagBuffer {
     state: Mutex<BufferState>,
     /// Bumped after every finished load, so waiting requests re-check the buffers.
     loaded: watch::Sender<u64>,
+    /// One allocation of this tag at a time on this node (a background load or an INCRBY
+    /// block), each checked against the high-water mark before the next is sent: responses of
+    /// concurrent allocations could otherwise arrive out of order and look like a rollback,
+    /// and a real rollback between two in-flight allocations could go unseen.
+    allocating: tokio::sync::Mutex<()>,
 }
 
 impl TagBuffer {
@@ -89,6 +94,7 @@ impl TagBuffer {
             name: name.into(),
             state: Mutex::new(BufferState::default()),
             loaded: watch::Sender::new(0),
+            allocating: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -324,11 +330,11 @@ impl SegmentEngine {
         self.stats.request_waits.fetch_add(1, Ordering::Relaxed);
         let result = tokio::time::timeout(
             self.settings.load_timeout,
-            self.store.allocate(&buffer.name, Some(n)),
+            self.allocate_guarded(buffer, Some(n)),
         )
         .await;
         match result {
-            Ok(Ok(alloc)) => match self.guard(&buffer.name, alloc.max_id, n).await {
+            Ok(Ok((alloc, guarded))) => match guarded {
                 Ok(()) => {
                     buffer.lock().served += n as u64;
                     Ok(alloc.max_id)
@@ -370,6 +376,21 @@ impl SegmentEngine {
         })
     }
 
+    /// Allocates a range of `buffer`'s tag and runs the rollback guard on it, one allocation
+    /// of the tag at a time. `step` is the range's size (`None`: the row's step).
+    async fn allocate_guarded(
+        &self,
+        buffer: &TagBuffer,
+        step: Option<i64>,
+    ) -> Result<(LeafAlloc, Result<(), LoadFailure>), StoreError> {
+        let _one_at_a_time = buffer.allocating.lock().await;
+        let alloc = self.store.allocate(&buffer.name, step).await?;
+        let guarded = self
+            .guard(&buffer.name, alloc.max_id, step.unwrap_or(alloc.step))
+            .await;
+        Ok((alloc, guarded))
+    }
+
     fn spawn_load(self: &Arc<Self>, buffer: Arc<TagBuffer>) {
         let engine = self.clone();
         tokio::spawn(async move { engine.load(&buffer).await });
@@ -393,26 +414,23 @@ impl SegmentEngine {
         // Background loads may outlast a request's patience, but never hang for ever.
         let limit = (self.settings.load_timeout * 5).max(Duration::from_secs(5));
         let started = std::time::Instant::now();
-        let result =
-            match tokio::time::timeout(limit, self.store.allocate(&buffer.name, requested_step))
-                .await
-            {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Unavailable(
-                    "database did not answer in time".into(),
-                )),
-            };
-        self.metrics.segment_load(&buffer.name, started.elapsed());
         // The range is checked against this node's high-water mark, and the new mark made
         // durable, before a single ID of it is handed out.
+        let result = match tokio::time::timeout(
+            limit,
+            self.allocate_guarded(buffer, requested_step),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(
+                "database did not answer in time".into(),
+            )),
+        };
+        self.metrics.segment_load(&buffer.name, started.elapsed());
         let outcome = match result {
-            Ok(alloc) => {
-                let step = requested_step.unwrap_or(alloc.step);
-                match self.guard(&buffer.name, alloc.max_id, step).await {
-                    Ok(()) => Ok((alloc, step)),
-                    Err(failure) => Err(failure),
-                }
-            }
+            Ok((alloc, Ok(()))) => Ok((alloc.clone(), requested_step.unwrap_or(alloc.step))),
+            Ok((_, Err(failure))) => Err(failure),
             Err(err) => Err(LoadFailure::from_store(&err)),
         };
         let now = self.clock.now_millis();
@@ -740,5 +758,70 @@ mod tests {
             assert!(id > last, "{id} after {last}");
             last = id;
         }
+    }
+
+    /// A store whose allocations of the table step answer late, after committing: a background
+    /// load finishes after an INCRBY block sent later.
+    struct LateAnswers(MemoryStore);
+
+    #[async_trait::async_trait]
+    impl SegmentStore for LateAnswers {
+        async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+            let alloc = self.0.allocate(tag, step).await;
+            if step.is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            alloc
+        }
+        async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
+            self.0.list().await
+        }
+        async fn create_tag(
+            &self,
+            tag: &str,
+            step: i64,
+            max_id: i64,
+            description: Option<&str>,
+        ) -> Result<(), StoreError> {
+            self.0.create_tag(tag, step, max_id, description).await
+        }
+        async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+            self.0.set_step(tag, step).await
+        }
+        fn backend(&self) -> &'static str {
+            "late"
+        }
+        async fn close(&self) {}
+    }
+
+    /// Out-of-order answers of one node's own allocations are not a rollback: allocations of
+    /// a tag go one at a time, each checked before the next is sent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_block_reserved_during_a_slow_load_is_not_taken_for_a_rollback() {
+        let settings = SegmentSettings {
+            adaptive_step: false,
+            max_step: 1000,
+            load_timeout: Duration::from_secs(2),
+            max_tags: 10,
+        };
+        let engine = SegmentEngine::new(
+            Arc::new(LateAnswers(MemoryStore::new())),
+            crate::storage::SegmentMarks::in_memory(),
+            settings,
+            Arc::new(ManualClock::new(0)),
+            Arc::new(Metrics::disabled()),
+        );
+        engine.create_tag("t", 10, 1, None).await.unwrap();
+        assert_eq!(engine.next_ids("t", 1).await.unwrap(), 1);
+        // The second ID starts the preload of (10, 20], which answers 50 ms late...
+        assert_eq!(engine.next_ids("t", 1).await.unwrap(), 2);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // ...while a block larger than the step is reserved directly.
+        let block_end = engine.next_ids("t", 500).await.unwrap();
+        assert_eq!(block_end, 520, "the block follows the preloaded segment");
+        for expected in 3..=20 {
+            assert_eq!(engine.next_ids("t", 1).await.unwrap(), expected);
+        }
+        assert!(engine.next_ids("t", 1).await.unwrap() > block_end);
     }
 }
