@@ -87,7 +87,7 @@ impl App {
                 let backend = storage::backend_of(&config.storage.url).unwrap_or("unknown");
                 let deferred = DeferredStore::new(backend, err.to_string());
                 let marks = SegmentMarks::open(config.storage.marks_path())?;
-                let snowflake = start_snowflake(&config, clock.clone()).await?;
+                let snowflake = start_snowflake(&config, None, clock.clone()).await?;
                 let app = App::build(config, deferred.clone(), marks, clock, snowflake);
                 app.spawn_connector(deferred);
                 Ok(app)
@@ -103,7 +103,8 @@ impl App {
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<App>, AppError> {
         let marks = SegmentMarks::open(config.storage.marks_path())?;
-        let snowflake = start_snowflake(&config, clock.clone()).await?;
+        let snowflake =
+            start_snowflake(&config, store.clone().worker_leases(), clock.clone()).await?;
         let app = App::build(config, store, marks, clock, snowflake);
         app.initialise_storage().await?;
         Ok(app)
@@ -345,6 +346,7 @@ struct StartedSnowflake {
 /// the snowflake engine.
 async fn start_snowflake(
     config: &Config,
+    leases: Option<Arc<dyn crate::storage::WorkerLeaseStore>>,
     clock: Arc<dyn Clock>,
 ) -> Result<StartedSnowflake, AppError> {
     let sf = &config.snowflake;
@@ -369,6 +371,24 @@ async fn start_snowflake(
             };
             zookeeper = Some(zk.shared.clone());
             Box::new(zk)
+        }
+        CoordinatorKind::Database => {
+            let store = leases.ok_or_else(|| {
+                CoordError::Database(format!(
+                    "the database {} is not reachable at start (or has no leaf_worker table); the database coordinator needs it",
+                    config.storage.redacted_url()
+                ))
+            })?;
+            let endpoint = coord::identity::endpoint(None, config.resp_bind())
+                .unwrap_or_else(|_| config.resp_bind().to_string());
+            Box::new(coord::database::DatabaseCoordinator {
+                store,
+                endpoint,
+                max_worker_id: layout.max_worker_id(),
+                lease_ms: sf.database_lease_ms,
+                clock: clock.clone(),
+                state_file: config.storage.state_dir().join("snowflake-worker-db.json"),
+            })
         }
     };
     let settings = FenceSettings {

@@ -345,6 +345,8 @@ pub enum CoordinatorKind {
     Static,
     /// Leaf-snowflake's ZooKeeper registration (`[snowflake.zookeeper]`).
     Zookeeper,
+    /// Leases in `leaf_worker` of the segment database (SQLite, MySQL, PostgreSQL).
+    Database,
 }
 
 /// The snowflake engine and its worker id.
@@ -375,6 +377,9 @@ pub struct SnowflakeConfig {
     /// A request that meets the fence (its extension is late) waits this long, then gets
     /// `UNAVAILABLE`.
     pub fence_wait_ms: u64,
+    /// `coordinator = "database"`: a worker-id lease lasts this long in database time; a node
+    /// that cannot renew for half of it stops issuing.
+    pub database_lease_ms: u64,
     pub zookeeper: ZookeeperConfig,
 }
 
@@ -395,6 +400,7 @@ impl Default for SnowflakeConfig {
             fence_window_ms: 3000,
             max_start_wait_ms: 5000,
             fence_wait_ms: 1000,
+            database_lease_ms: 10_000,
             zookeeper: ZookeeperConfig::default(),
         }
     }
@@ -622,6 +628,9 @@ impl Config {
         }
         if sf.max_batch == 0 || sf.max_batch > 100_000 {
             return invalid("snowflake.max_batch must be between 1 and 100000".into());
+        }
+        if sf.coordinator == CoordinatorKind::Database && sf.database_lease_ms < 1000 {
+            return invalid("snowflake.database_lease_ms must be at least 1000".into());
         }
         if !(100..=600_000).contains(&sf.fence_window_ms) {
             return invalid("snowflake.fence_window_ms must be between 100 and 600000".into());

@@ -2,6 +2,7 @@
 //! backend (static, ZooKeeper), and [`start`], which makes any of them safe across restarts.
 
 pub mod cache;
+pub mod database;
 pub mod fence;
 pub mod fence_file;
 pub mod identity;
@@ -43,6 +44,8 @@ pub enum CoordError {
     EpochInFuture { epoch_ms: u64, ahead_ms: u64 },
     #[error("node identity: {0}")]
     Identity(String),
+    #[error("worker-id lease table: {0}")]
+    Database(String),
 }
 
 /// A worker id a coordinator granted, kept by the coordinator's own task until closed.
@@ -55,8 +58,9 @@ pub trait HeldWorker: Send + Sync {
     /// How far ahead of its clock a holder may have recorded that floor (beyond the usual
     /// start wait, a restart may wait this much longer for it).
     fn floor_wait_ms(&self) -> u64;
-    /// Releases the id (stops reports, removes liveness records).
-    async fn close(self: Box<Self>);
+    /// Releases the id (stops reports, removes liveness records). `last_issued_ms`: the
+    /// timestamp of the last ID issued, once issuing has stopped for good.
+    async fn close(self: Box<Self>, last_issued_ms: Option<u64>);
 }
 
 /// Where worker ids come from. An implementation sets the lease part of the limit it is given
@@ -93,7 +97,7 @@ impl Worker {
                 tracing::warn!(error = %e, "could not lower the time fence at shutdown; the next start may wait for it");
             }
         }
-        self.held.close().await;
+        self.held.close(last_issued_ms).await;
     }
 }
 
@@ -118,7 +122,7 @@ pub async fn start(
     let held = coordinator.acquire(limit.clone()).await?;
     let keeper = FenceKeeper::new(fence_file.clone(), settings, clock, limit.clone());
     if let Err(e) = keeper.open(held.floor_ms(), held.floor_wait_ms()).await {
-        held.close().await;
+        held.close(None).await;
         return Err(e);
     }
     let stop = CancellationToken::new();

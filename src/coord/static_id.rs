@@ -28,7 +28,7 @@ impl HeldWorker for StaticWorker {
         0
     }
 
-    async fn close(self: Box<Self>) {}
+    async fn close(self: Box<Self>, _last_issued_ms: Option<u64>) {}
 }
 
 #[async_trait]

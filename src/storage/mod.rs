@@ -7,6 +7,7 @@ mod memory;
 mod mysql;
 mod postgres;
 mod sqlite;
+mod workers;
 
 use std::sync::Arc;
 
@@ -120,6 +121,55 @@ pub trait SegmentStore: Send + Sync + 'static {
 
     /// Closes the connection pool; later calls fail.
     async fn close(&self);
+
+    /// The worker-id lease table in the same database, where the dialect has one.
+    fn worker_leases(self: Arc<Self>) -> Option<Arc<dyn WorkerLeaseStore>> {
+        None
+    }
+}
+
+/// One row of `leaf_worker`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerRow {
+    pub worker_id: i64,
+    pub owner: String,
+    /// UNIX ms, database time.
+    pub lease_until: i64,
+    /// UNIX ms, the holder's clock: no ID of it carries a later timestamp.
+    pub fence_ms: i64,
+    /// The database's clock when the row was read (UNIX ms).
+    pub db_now: i64,
+}
+
+/// Snowflake worker-id leases in `leaf_worker`; every method is one atomic statement (plus a
+/// read), and expiry is judged by the database's clock, never the node's.
+#[async_trait]
+pub trait WorkerLeaseStore: Send + Sync + 'static {
+    /// Takes `worker_id` for `owner` for `lease_ms` if the row does not exist yet (`Some(0)`)
+    /// or its lease has expired (`Some(previous fence)`); `None` when another owner holds it.
+    async fn claim(
+        &self,
+        worker_id: i64,
+        owner: &str,
+        lease_ms: i64,
+    ) -> Result<Option<i64>, StoreError>;
+    /// Extends `owner`'s lease and records its fence; false when the row is no longer its.
+    async fn renew(
+        &self,
+        worker_id: i64,
+        owner: &str,
+        lease_ms: i64,
+        fence_ms: i64,
+    ) -> Result<bool, StoreError>;
+    /// Ends `owner`'s lease at once, leaving `fence_ms` for the next holder.
+    async fn release(&self, worker_id: i64, owner: &str, fence_ms: i64) -> Result<(), StoreError>;
+    /// Every row, by worker id.
+    async fn workers(&self) -> Result<Vec<WorkerRow>, StoreError>;
+}
+
+/// True for a primary-key clash (the row exists already).
+fn unique_violation(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
 /// Opens the store the URL names and, when `migrate` is set, brings its schema up to date.

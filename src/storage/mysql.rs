@@ -122,4 +122,15 @@ impl SegmentStore for MySqlStore {
     async fn close(&self) {
         self.pool.close().await;
     }
+
+    fn worker_leases(
+        self: std::sync::Arc<Self>,
+    ) -> Option<std::sync::Arc<dyn super::WorkerLeaseStore>> {
+        Some(self)
+    }
 }
+
+/// The database's clock in UNIX milliseconds.
+const DB_NOW_MS: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+
+super::workers::worker_lease_store!(MySqlStore, DB_NOW_MS, super::workers::question);

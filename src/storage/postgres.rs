@@ -115,4 +115,15 @@ impl SegmentStore for PostgresStore {
     async fn close(&self) {
         self.pool.close().await;
     }
+
+    fn worker_leases(
+        self: std::sync::Arc<Self>,
+    ) -> Option<std::sync::Arc<dyn super::WorkerLeaseStore>> {
+        Some(self)
+    }
 }
+
+/// The database's clock in UNIX milliseconds.
+const DB_NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
+
+super::workers::worker_lease_store!(PostgresStore, DB_NOW_MS, super::workers::dollar);

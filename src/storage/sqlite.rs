@@ -144,7 +144,18 @@ impl SegmentStore for SqliteStore {
     async fn close(&self) {
         self.pool.close().await;
     }
+
+    fn worker_leases(
+        self: std::sync::Arc<Self>,
+    ) -> Option<std::sync::Arc<dyn super::WorkerLeaseStore>> {
+        Some(self)
+    }
 }
+
+/// The database's clock in UNIX milliseconds.
+const DB_NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
+
+super::workers::worker_lease_store!(SqliteStore, DB_NOW_MS, super::workers::question);
 
 #[cfg(test)]
 mod tests {

@@ -70,7 +70,7 @@ impl HeldWorker for ZkWorker {
         self.lease_ms
     }
 
-    async fn close(self: Box<Self>) {
+    async fn close(self: Box<Self>, _last_issued_ms: Option<u64>) {
         ZkWorker::close(*self).await
     }
 }

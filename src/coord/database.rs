@@ -1,0 +1,260 @@
+//! The database coordinator: worker ids leased from `leaf_worker` in the segment database,
+//! expiry judged by the database's clock, the holder's fence kept in its row. No ZooKeeper.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::{CoordError, Coordinator, HeldWorker};
+use crate::engine::clock::Clock;
+use crate::engine::snowflake::IssueLimit;
+use crate::storage::WorkerLeaseStore;
+
+/// What this node remembers between runs: the id it held, to ask for it first.
+#[derive(Debug, Serialize, Deserialize)]
+struct Previous {
+    worker_id: u64,
+}
+
+pub struct DatabaseCoordinator {
+    pub store: Arc<dyn WorkerLeaseStore>,
+    /// This node's address; the owner recorded in the row adds a per-process instance id.
+    pub endpoint: String,
+    pub max_worker_id: u64,
+    /// A lease lasts this long in database time; the node stops issuing after half of it
+    /// without a successful renewal.
+    pub lease_ms: u64,
+    pub clock: Arc<dyn Clock>,
+    /// Remembers the id held last (in the state directory).
+    pub state_file: PathBuf,
+}
+
+impl DatabaseCoordinator {
+    fn renew_interval(&self) -> Duration {
+        Duration::from_millis((self.lease_ms / 5).max(50))
+    }
+
+    /// The fence a renewal writes: the node may issue until half the lease after the renewal
+    /// that follows this one was due, so an outage shorter than half the lease never stops it.
+    fn fence_after_renewal(&self) -> u64 {
+        self.clock.now_millis() + self.lease_ms / 2 + self.renew_interval().as_millis() as u64
+    }
+
+    fn previous(&self) -> Option<u64> {
+        let bytes = std::fs::read(&self.state_file).ok()?;
+        serde_json::from_slice::<Previous>(&bytes)
+            .ok()
+            .map(|p| p.worker_id)
+            .filter(|&id| id <= self.max_worker_id)
+    }
+
+    fn remember(&self, worker_id: u64) {
+        let json = serde_json::to_vec(&Previous { worker_id }).unwrap_or_default();
+        if let Some(dir) = self.state_file.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        if let Err(e) = std::fs::write(&self.state_file, json) {
+            tracing::warn!(error = %e, file = %self.state_file.display(), "cannot remember the worker id");
+        }
+    }
+
+    /// The ids to try, in order: the previous one, the lowest never used, then expired ones
+    /// (longest expired first).
+    async fn candidates(&self) -> Result<Vec<u64>, CoordError> {
+        let rows = self.store.workers().await.map_err(db)?;
+        let mut ids: Vec<u64> = self.previous().into_iter().collect();
+        if let Some(unused) =
+            (0..=self.max_worker_id).find(|id| !rows.iter().any(|r| r.worker_id == *id as i64))
+        {
+            ids.push(unused);
+        }
+        let mut expired: Vec<_> = rows
+            .iter()
+            .filter(|r| r.lease_until < r.db_now && r.worker_id as u64 <= self.max_worker_id)
+            .collect();
+        expired.sort_by_key(|r| r.lease_until);
+        ids.extend(expired.iter().map(|r| r.worker_id as u64));
+        ids.dedup();
+        Ok(ids)
+    }
+}
+
+fn db(e: crate::storage::StoreError) -> CoordError {
+    CoordError::Database(e.to_string())
+}
+
+#[async_trait]
+impl Coordinator for DatabaseCoordinator {
+    fn kind(&self) -> &'static str {
+        "database"
+    }
+
+    async fn acquire(&self, limit: Arc<IssueLimit>) -> Result<Box<dyn HeldWorker>, CoordError> {
+        let owner = format!("{}#{:016x}", self.endpoint, fastrand::u64(..));
+        let lease = self.lease_ms as i64;
+        let mut granted = None;
+        // Two rounds: a candidate may be taken by another node between the read and the claim.
+        for _ in 0..2 {
+            for id in self.candidates().await? {
+                if let Some(floor) = self
+                    .store
+                    .claim(id as i64, &owner, lease)
+                    .await
+                    .map_err(db)?
+                {
+                    granted = Some((id, floor.max(0) as u64));
+                    break;
+                }
+            }
+            if granted.is_some() {
+                break;
+            }
+        }
+        let Some((worker_id, floor_ms)) = granted else {
+            return Err(CoordError::NoFreeWorkerId(format!(
+                "all {} ids of leaf_worker are leased by live nodes",
+                self.max_worker_id + 1
+            )));
+        };
+        // The first fence is in the row before any ID can be issued.
+        let fence = self.fence_after_renewal();
+        if !self
+            .store
+            .renew(worker_id as i64, &owner, lease, fence as i64)
+            .await
+            .map_err(db)?
+        {
+            return Err(CoordError::NoFreeWorkerId(format!(
+                "worker id {worker_id} was taken by another node while it was being claimed"
+            )));
+        }
+        limit.set_lease(fence, Some(renew_problem(self.clock.now_millis())));
+        self.remember(worker_id);
+        tracing::info!(worker_id, owner = %owner, "snowflake worker id leased from the database");
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(renew(
+            self.store.clone(),
+            owner.clone(),
+            worker_id,
+            lease,
+            self.renew_interval(),
+            self.lease_ms / 2,
+            self.clock.clone(),
+            limit,
+            stop.clone(),
+        ));
+        Ok(Box::new(DatabaseWorker {
+            store: self.store.clone(),
+            owner,
+            worker_id,
+            floor_ms,
+            lease_ms: self.lease_ms,
+            stop,
+            task,
+        }))
+    }
+}
+
+fn renew_problem(since_ms: u64) -> String {
+    format!(
+        "no successful worker-id lease renewal since {since_ms} ms (UNIX time): the database is unreachable for half the lease"
+    )
+}
+
+/// Renews the lease every `interval`; a renewal that finds the row another owner's revokes
+/// the id for good.
+#[allow(clippy::too_many_arguments)]
+async fn renew(
+    store: Arc<dyn WorkerLeaseStore>,
+    owner: String,
+    worker_id: u64,
+    lease: i64,
+    interval: Duration,
+    half_lease_ms: u64,
+    clock: Arc<dyn Clock>,
+    limit: Arc<IssueLimit>,
+    stop: CancellationToken,
+) {
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let now = clock.now_millis();
+        let fence = now + half_lease_ms + interval.as_millis() as u64;
+        match store
+            .renew(worker_id as i64, &owner, lease, fence as i64)
+            .await
+        {
+            Ok(true) => {
+                limit.set_lease(fence, Some(renew_problem(now)));
+                if std::mem::take(&mut failing) {
+                    tracing::info!(worker_id, "worker-id lease renewals succeed again");
+                }
+            }
+            Ok(false) => {
+                limit.revoke(format!(
+                    "worker id {worker_id} is leased by another node (this node's lease expired)"
+                ));
+                return;
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, worker_id, "worker-id lease renewal failed; SNOWFLAKE continues until half the lease has passed");
+                }
+                failing = true;
+            }
+        }
+    }
+}
+
+struct DatabaseWorker {
+    store: Arc<dyn WorkerLeaseStore>,
+    owner: String,
+    worker_id: u64,
+    floor_ms: u64,
+    lease_ms: u64,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[async_trait]
+impl HeldWorker for DatabaseWorker {
+    fn worker_id(&self) -> u64 {
+        self.worker_id
+    }
+
+    fn floor_ms(&self) -> u64 {
+        self.floor_ms
+    }
+
+    fn floor_wait_ms(&self) -> u64 {
+        self.lease_ms
+    }
+
+    async fn close(self: Box<Self>, last_issued_ms: Option<u64>) {
+        self.stop.cancel();
+        let _ = self.task.await;
+        // Freed at once for the next holder, who starts past what this node issued.
+        // Never below the floor this node inherited: the next holder's clock may be behind it.
+        let fence = last_issued_ms
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64 + self.lease_ms)
+            })
+            .max(self.floor_ms);
+        if let Err(e) = self
+            .store
+            .release(self.worker_id as i64, &self.owner, fence as i64)
+            .await
+        {
+            tracing::warn!(error = %e, "could not release the worker-id lease; it expires by itself");
+        }
+    }
+}

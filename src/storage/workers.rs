@@ -1,0 +1,136 @@
+//! `leaf_worker` for each dialect: the same statements, differing only in placeholders and in
+//! how the database tells its own time in UNIX milliseconds.
+
+/// Implements [`super::WorkerLeaseStore`] for a store with a `pool` field. `$now` is the
+/// dialect's expression for the database's clock in UNIX ms; `$p` numbers placeholders
+/// (`?` for SQLite and MySQL, `$1…` for PostgreSQL).
+macro_rules! worker_lease_store {
+    ($store:ty, $now:expr, $p:path) => {
+        #[async_trait::async_trait]
+        impl $crate::storage::WorkerLeaseStore for $store {
+            async fn claim(
+                &self,
+                worker_id: i64,
+                owner: &str,
+                lease_ms: i64,
+            ) -> Result<Option<i64>, $crate::storage::StoreError> {
+                let insert = format!(
+                    "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES ({}, {}, {} + {}, 0)",
+                    $p(1), $p(2), $now, $p(3)
+                );
+                match sqlx::query(&insert)
+                    .bind(worker_id)
+                    .bind(owner)
+                    .bind(lease_ms)
+                    .execute(&self.pool)
+                    .await
+                {
+                    Ok(_) => return Ok(Some(0)),
+                    Err(e) if $crate::storage::unique_violation(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                // Taken only when expired in the database's time; one statement, so exactly
+                // one claimant wins.
+                let take = format!(
+                    "UPDATE leaf_worker SET owner = {}, lease_until = {} + {} WHERE worker_id = {} AND lease_until < {}",
+                    $p(1), $now, $p(2), $p(3), $now
+                );
+                let taken = sqlx::query(&take)
+                    .bind(owner)
+                    .bind(lease_ms)
+                    .bind(worker_id)
+                    .execute(&self.pool)
+                    .await?;
+                if taken.rows_affected() == 0 {
+                    return Ok(None);
+                }
+                let read = format!(
+                    "SELECT fence_ms FROM leaf_worker WHERE worker_id = {} AND owner = {}",
+                    $p(1), $p(2)
+                );
+                let fence: Option<(i64,)> = sqlx::query_as(&read)
+                    .bind(worker_id)
+                    .bind(owner)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                Ok(fence.map(|(f,)| f))
+            }
+
+            async fn renew(
+                &self,
+                worker_id: i64,
+                owner: &str,
+                lease_ms: i64,
+                fence_ms: i64,
+            ) -> Result<bool, $crate::storage::StoreError> {
+                let renew = format!(
+                    "UPDATE leaf_worker SET lease_until = {} + {}, fence_ms = CASE WHEN fence_ms > {} THEN fence_ms ELSE {} END WHERE worker_id = {} AND owner = {}",
+                    $now, $p(1), $p(2), $p(3), $p(4), $p(5)
+                );
+                let done = sqlx::query(&renew)
+                    .bind(lease_ms)
+                    .bind(fence_ms)
+                    .bind(fence_ms)
+                    .bind(worker_id)
+                    .bind(owner)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn release(
+                &self,
+                worker_id: i64,
+                owner: &str,
+                fence_ms: i64,
+            ) -> Result<(), $crate::storage::StoreError> {
+                let release = format!(
+                    "UPDATE leaf_worker SET lease_until = 0, fence_ms = {} WHERE worker_id = {} AND owner = {}",
+                    $p(1), $p(2), $p(3)
+                );
+                sqlx::query(&release)
+                    .bind(fence_ms)
+                    .bind(worker_id)
+                    .bind(owner)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            async fn workers(
+                &self,
+            ) -> Result<Vec<$crate::storage::WorkerRow>, $crate::storage::StoreError> {
+                let list = format!(
+                    "SELECT worker_id, owner, lease_until, fence_ms, {} FROM leaf_worker ORDER BY worker_id",
+                    $now
+                );
+                let rows: Vec<(i64, String, i64, i64, i64)> =
+                    sqlx::query_as(&list).fetch_all(&self.pool).await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(worker_id, owner, lease_until, fence_ms, db_now)| {
+                        $crate::storage::WorkerRow {
+                            worker_id,
+                            owner,
+                            lease_until,
+                            fence_ms,
+                            db_now,
+                        }
+                    })
+                    .collect())
+            }
+        }
+    };
+}
+
+pub(crate) use worker_lease_store;
+
+/// `?` whatever the position (SQLite, MySQL).
+pub(crate) fn question(_: usize) -> &'static str {
+    "?"
+}
+
+/// `$n` (PostgreSQL).
+pub(crate) fn dollar(n: usize) -> String {
+    format!("${n}")
+}
