@@ -8,6 +8,8 @@ collected and checked for global uniqueness. Cases:
   zk-shared-identity   two nodes with one advertised identity, both loaded at once
   zk-sigstop           SIGSTOP a node past its lease, a node with its identity takes the id,
                        SIGCONT: the resumed node must issue nothing
+  db-*                 the database coordinator on one SQLite file: SIGKILL + restart 1 s back,
+                       two nodes from one config, SIGSTOP past the lease with one worker id
 Loopback only; bounded (about 90 s); prints the IDs checked per case.
 
 usage: snowflake_faults.py LEAFD_BIN ZOOKEEPER_CONNECT [CASE_GROUP...]
@@ -47,7 +49,7 @@ class Node:
     """One leafd process with its own config; `faketime` is a libfaketime FAKETIME value."""
 
     def __init__(self, workdir, name, coordinator="static", advertise=None, cluster=None,
-                 faketime=None, extra=""):
+                 faketime=None, extra="", storage=None):
         self.workdir, self.name = workdir, name
         self.port = free_port()
         os.makedirs(f"{workdir}/{name}", exist_ok=True)
@@ -70,7 +72,8 @@ bind = "127.0.0.1:{self.port}"
 [http]
 enabled = false
 [storage]
-url = "sqlite://{workdir}/{name}/leafd.db"
+url = "{storage or f'sqlite://{workdir}/{name}/leafd.db'}"
+state_dir = "{workdir}/{name}"
 [snowflake]
 coordinator = "{coordinator}"
 fence_file = "{workdir}/{name}/fence.json"
@@ -301,6 +304,81 @@ def zk_sigstop(work):
           f"resumed node issued 0 and answered {len(errors)} x UNAVAILABLE, no repeat")
 
 
+DB_ONE_ID = "database_lease_ms = 2000\nworker_id_bits = 0\ntimestamp_bits = 51"
+
+
+def db_cases(work):
+    """The database coordinator on one shared SQLite file."""
+    shared = f"sqlite://{work}/shared-db/leafd.db"
+    os.makedirs(f"{work}/shared-db", exist_ok=True)
+    # SIGKILL under load and restart 1 s back, 3 times (each restart finds its old lease live and
+    # takes another id, or its old one once expired).
+    total, faketime = 0, None
+    for cycle in range(3):
+        node = Node(work, "db", coordinator="database", storage=shared, faketime=faketime,
+                    extra="database_lease_ms = 2000")
+        assert node.wait_ready(40), node.log_text()[-2000:]
+        loader = load(node, random.uniform(0.7, 2.0))
+        node.kill()
+        ids = loader.finish()
+        if not ids:
+            raise SystemExit(f"db-kill-back-1s cycle {cycle}: no IDs\n" + node.log_text()[-2000:])
+        total += record(f"db-kill-back-1s cycle {cycle}", ids)
+        faketime = "-1"
+    print(f"db-kill-back-1s: {total} IDs checked over 3 SIGKILL restarts with the clock 1 s back, no repeat")
+
+    # Two nodes from one config (same state directory, same database), loaded at once.
+    a = Node(work, "db-twin", coordinator="database", storage=shared, extra="database_lease_ms = 2000")
+    assert a.wait_ready(40), a.log_text()[-2000:]
+    b_port = free_port()
+    with open(f"{work}/db-twin/leafd.toml") as f:
+        config = f.read().replace(f"127.0.0.1:{a.port}", f"127.0.0.1:{b_port}")
+    with open(f"{work}/db-twin/leafd-b.toml", "w") as f:
+        f.write(config)
+    b = Node.__new__(Node)
+    b.workdir, b.name, b.port = work, "db-twin", b_port
+    b.log = open(f"{work}/db-twin/leafd-b.log", "ab")
+    b.process = subprocess.Popen([binary, "--config", f"{work}/db-twin/leafd-b.toml"], cwd=f"{work}/db-twin",
+                                 stdout=b.log, stderr=subprocess.STDOUT)
+    assert b.wait_ready(40)
+    la, lb = Loader(a), Loader(b)
+    time.sleep(1.5)
+    ia, ib = la.finish(), lb.finish()
+    a.kill(signal.SIGTERM)
+    b.kill(signal.SIGTERM)
+    wa, wb = {worker_of(i) for i in ia}, {worker_of(i) for i in ib}
+    if not ia or not ib or wa & wb:
+        raise SystemExit(f"db-one-config: worker ids {wa} and {wb}")
+    n = record("db-one-config a", ia) + record("db-one-config b", ib)
+    print(f"db-one-config: {n} IDs checked, worker ids {sorted(wa)} and {sorted(wb)}, no repeat")
+
+    # One worker id only: SIGSTOP past the lease, another node takes the id, SIGCONT.
+    one = f"sqlite://{work}/one-id/leafd.db"
+    os.makedirs(f"{work}/one-id", exist_ok=True)
+    a = Node(work, "db-stop-a", coordinator="database", storage=one, extra=DB_ONE_ID)
+    assert a.wait_ready(40), a.log_text()[-2000:]
+    la = Loader(a)
+    time.sleep(1.0)
+    a.kill(signal.SIGSTOP)
+    stopped_ms = int(time.time() * 1000)
+    time.sleep(3.0)  # the 2-s lease expires in the database
+    b = Node(work, "db-stop-b", coordinator="database", storage=one, extra=DB_ONE_ID)
+    assert b.wait_ready(40), b.log_text()[-2000:]
+    lb = Loader(b)
+    time.sleep(1.0)
+    a.kill(signal.SIGCONT)
+    time.sleep(2.0)
+    ib, ia = lb.finish(), la.finish()
+    b.kill(signal.SIGTERM)
+    a.kill(signal.SIGTERM)
+    # Worker id bits 0: the timestamp starts at bit 12.
+    resumed = [i for i in ia if (i >> 12) + 1288834974657 > stopped_ms + 100]
+    if resumed or not ib:
+        raise SystemExit(f"db-sigstop: resumed node issued {len(resumed)} IDs, the new holder {len(ib)}")
+    n = record("db-sigstop a", ia) + record("db-sigstop b", ib)
+    print(f"db-sigstop: {n} IDs checked, one worker id, the resumed node issued 0 after SIGCONT, no repeat")
+
+
 def main():
     if not os.path.exists(FAKETIME_LIB):
         raise SystemExit(f"{FAKETIME_LIB} missing (Debian: faketime)")
@@ -308,7 +386,7 @@ def main():
     started = time.time()
     only = sys.argv[3:]  # optional case groups: static zk-kill zk-shared zk-sigstop
     for name, case in [("static", static_cases), ("zk-kill", zk_kill_cases),
-                       ("zk-shared", zk_shared_identity), ("zk-sigstop", zk_sigstop)]:
+                       ("zk-shared", zk_shared_identity), ("zk-sigstop", zk_sigstop), ("db", db_cases)]:
         if not only or name in only:
             case(work)
     print(f"snowflake faults: {len(all_ids)} IDs checked in all, none repeated, {time.time() - started:.0f} s")
