@@ -341,11 +341,12 @@ impl Default for SegmentConfig {
 #[serde(rename_all = "lowercase")]
 pub enum CoordinatorKind {
     /// `snowflake.worker_id` from the configuration (one node, or ids managed by hand).
-    #[default]
     Static,
     /// Leaf-snowflake's ZooKeeper registration (`[snowflake.zookeeper]`).
     Zookeeper,
-    /// Leases in `leaf_worker` of the segment database (SQLite, MySQL, PostgreSQL).
+    /// Leases in `leaf_worker` of the segment database (SQLite, MySQL, PostgreSQL): the
+    /// default, so nodes sharing a database need no worker id by hand.
+    #[default]
     Database,
 }
 
@@ -394,7 +395,7 @@ impl Default for SnowflakeConfig {
             sequence_bits: layout.sequence_bits,
             max_backward_ms: 5,
             max_batch: 4096,
-            coordinator: CoordinatorKind::Static,
+            coordinator: CoordinatorKind::Database,
             worker_id: 0,
             fence_file: String::new(),
             fence_window_ms: 3000,

@@ -11,6 +11,7 @@ use leafd::storage::MemoryStore;
 
 async fn server() -> TestServer {
     let mut config = Config::default();
+    config.snowflake.coordinator = leafd::config::CoordinatorKind::Static;
     config.snowflake.worker_id = 9;
     config.segment.adaptive_step = false;
     let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await;

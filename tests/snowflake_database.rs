@@ -174,3 +174,23 @@ async fn the_fence_in_the_row_outlives_the_node() {
         .expect("refused");
     assert!(err.to_string().contains("ms behind"), "{err}");
 }
+
+/// The default coordinator cannot lease a worker id while the database is down at start: it
+/// refuses to start, naming the database and the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_coordinator_needs_its_database_at_start() {
+    let Some(server) =
+        Backend::MySql.server_url("the_database_coordinator_needs_its_database_at_start")
+    else {
+        return;
+    };
+    let _ = server;
+    let state = tempfile::tempdir().unwrap();
+    let mut config = node_config("mysql://root@127.0.0.1:1/none", &state, 2000);
+    config.storage.acquire_timeout_ms = 300;
+    let err = App::open(config).await.err().expect("refused").to_string();
+    assert!(
+        err.contains("not reachable at start") && err.contains("127.0.0.1:1"),
+        "{err}"
+    );
+}

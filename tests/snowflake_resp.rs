@@ -12,6 +12,7 @@ use leafd::storage::MemoryStore;
 
 async fn server(worker_id: u64) -> TestServer {
     let mut config = Config::default();
+    config.snowflake.coordinator = leafd::config::CoordinatorKind::Static;
     config.snowflake.worker_id = worker_id;
     TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await
 }

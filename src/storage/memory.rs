@@ -6,11 +6,20 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{LeafAlloc, SegmentStore, StoreError};
+use super::{LeafAlloc, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
 
 #[derive(Default)]
 pub struct MemoryStore {
     rows: Mutex<BTreeMap<String, LeafAlloc>>,
+    /// `leaf_worker`, for the database coordinator in tests (the system clock stands in for
+    /// the database's).
+    workers: Mutex<BTreeMap<i64, WorkerRow>>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl MemoryStore {
@@ -74,9 +83,78 @@ impl SegmentStore for MemoryStore {
         Ok(())
     }
 
+    fn worker_leases(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn WorkerLeaseStore>> {
+        Some(self)
+    }
+
     fn backend(&self) -> &'static str {
         "memory"
     }
 
     async fn close(&self) {}
+}
+
+#[async_trait]
+impl WorkerLeaseStore for MemoryStore {
+    async fn claim(
+        &self,
+        worker_id: i64,
+        owner: &str,
+        lease_ms: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        let now = now_ms();
+        let row = workers.entry(worker_id).or_insert_with(|| WorkerRow {
+            worker_id,
+            owner: String::new(),
+            lease_until: 0,
+            fence_ms: 0,
+            db_now: now,
+        });
+        if row.lease_until >= now {
+            return Ok(None);
+        }
+        row.owner = owner.to_string();
+        row.lease_until = now + lease_ms;
+        Ok(Some(row.fence_ms))
+    }
+
+    async fn renew(
+        &self,
+        worker_id: i64,
+        owner: &str,
+        lease_ms: i64,
+        fence_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        match workers.get_mut(&worker_id) {
+            Some(row) if row.owner == owner => {
+                row.lease_until = now_ms() + lease_ms;
+                row.fence_ms = row.fence_ms.max(fence_ms);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn release(&self, worker_id: i64, owner: &str, fence_ms: i64) -> Result<(), StoreError> {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(row) = workers.get_mut(&worker_id).filter(|r| r.owner == owner) {
+            row.lease_until = 0;
+            row.fence_ms = fence_ms;
+        }
+        Ok(())
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerRow>, StoreError> {
+        let now = now_ms();
+        let workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(workers
+            .values()
+            .map(|row| WorkerRow {
+                db_now: now,
+                ..row.clone()
+            })
+            .collect())
+    }
 }

@@ -267,6 +267,10 @@ impl SegmentStore for FlakyStore {
         self.gate().await?;
         self.inner.set_step(tag, step).await
     }
+    fn worker_leases(self: Arc<Self>) -> Option<Arc<dyn leafd::storage::WorkerLeaseStore>> {
+        self.inner.clone().worker_leases()
+    }
+
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
