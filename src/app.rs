@@ -264,6 +264,8 @@ impl App {
             let limit = engine.limit();
             m.gauge(SNOWFLAKE_FENCE_AHEAD_SECONDS, &[])
                 .set((limit.fence_ms() as f64 - now) / 1000.0);
+            m.counter(SNOWFLAKE_LEASE_FAILURES_TOTAL, &[])
+                .absolute(limit.lease_failures());
             if limit.lease_ms() != u64::MAX {
                 m.gauge(SNOWFLAKE_LEASE_REMAINING_SECONDS, &[])
                     .set(((limit.lease_ms() as f64 - now) / 1000.0).max(0.0));

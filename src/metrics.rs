@@ -25,6 +25,7 @@ pub const SEGMENT_REQUEST_WAITS_TOTAL: &str = "leafd_segment_request_waits_total
 pub const SEGMENT_ROLLBACKS_TOTAL: &str = "leafd_segment_rollbacks_total";
 pub const SNOWFLAKE_FENCE_AHEAD_SECONDS: &str = "leafd_snowflake_fence_ahead_seconds";
 pub const SNOWFLAKE_LEASE_REMAINING_SECONDS: &str = "leafd_snowflake_lease_remaining_seconds";
+pub const SNOWFLAKE_LEASE_FAILURES_TOTAL: &str = "leafd_snowflake_lease_failures_total";
 pub const STORAGE_READY: &str = "leafd_storage_ready";
 pub const SNOWFLAKE_IDS_TOTAL: &str = "leafd_snowflake_ids_total";
 pub const SNOWFLAKE_SEQUENCE_WAITS_TOTAL: &str = "leafd_snowflake_sequence_waits_total";
@@ -67,6 +68,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         SNOWFLAKE_FENCE_AHEAD_SECONDS,
         "How far the durable snowflake time fence is ahead of the clock; at or below 0 SNOWFLAKE waits, then replies UNAVAILABLE.",
+    ),
+    (
+        SNOWFLAKE_LEASE_FAILURES_TOTAL,
+        "Failed attempts to extend the worker-id lease (database renewals, ZooKeeper reports).",
     ),
     (
         SNOWFLAKE_LEASE_REMAINING_SECONDS,

@@ -194,3 +194,117 @@ async fn the_database_coordinator_needs_its_database_at_start() {
         "{err}"
     );
 }
+
+/// Many nodes starting at once each get their own id, and LEAF.WORKERS lists the leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_starting_at_once_get_distinct_ids_and_leaf_workers_lists_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/leafd.db", dir.path().display());
+    // The schema first, so the four nodes race for ids, not for the migration.
+    let states: Vec<_> = (0..5).map(|_| tempfile::tempdir().unwrap()).collect();
+    let first = App::open(node_config(&url, &states[4], 5000))
+        .await
+        .unwrap();
+    let (a, b, c, d) = tokio::join!(
+        App::open(node_config(&url, &states[0], 5000)),
+        App::open(node_config(&url, &states[1], 5000)),
+        App::open(node_config(&url, &states[2], 5000)),
+        App::open(node_config(&url, &states[3], 5000)),
+    );
+    let apps = vec![first, a.unwrap(), b.unwrap(), c.unwrap(), d.unwrap()];
+    let ids: HashSet<u64> = apps
+        .iter()
+        .map(|a| a.snowflake.as_ref().unwrap().worker_id())
+        .collect();
+    assert_eq!(ids, (0..5).collect::<HashSet<u64>>());
+    let server = common::TestServer::serve_app(apps[0].clone()).await;
+    let mut raw = server.raw().await;
+    let reply = raw.send(&common::resp(&[b"LEAF.WORKERS"]), 1 + 5 * 9).await;
+    assert!(reply.starts_with("*5\r\n"), "{reply}");
+    for id in 0..5 {
+        assert!(
+            reply.contains(&format!("$9\r\nworker_id\r\n:{id}\r\n")),
+            "{reply}"
+        );
+    }
+    assert!(
+        reply.contains("lease_ms_left") && reply.contains("fence_ms"),
+        "{reply}"
+    );
+    for app in apps {
+        app.close().await;
+    }
+}
+
+/// Database outages: shorter than half the lease do not interrupt SNOWFLAKE; longer stop it
+/// (UNAVAILABLE) until a renewal succeeds again.
+async fn outages_shorter_and_longer_than_half_the_lease(url: &str) {
+    let (prefix, target) = common::proxy::split_server_url(url);
+    let proxy = common::proxy::TcpProxy::start(target.clone(), true).await;
+    let routed = url.replacen(
+        &format!("{prefix}{target}"),
+        &format!("{prefix}{}", proxy.addr),
+        1,
+    );
+    let state = tempfile::tempdir().unwrap();
+    let mut config = node_config(&routed, &state, 4000);
+    config.storage.acquire_timeout_ms = 300;
+    config.snowflake.fence_wait_ms = 100;
+    let app = App::open(config).await.unwrap();
+    let engine = app.snowflake.clone().unwrap();
+    engine.next_id().await.unwrap();
+    // 1.2 s without the database (half the lease is 2 s): IDs keep coming.
+    proxy.cut();
+    let until = std::time::Instant::now() + Duration::from_millis(1200);
+    while std::time::Instant::now() < until {
+        engine
+            .next_id()
+            .await
+            .expect("served through a short outage");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.restore();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // a renewal gets through
+    engine.next_id().await.unwrap();
+    // 4 s without it: refused once half the lease (plus one renewal interval) has passed.
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    match engine.next_id().await {
+        Err(leafd::engine::snowflake::SnowflakeError::Unavailable(reason)) => {
+            assert!(reason.contains("lease renewal"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    proxy.restore();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if engine.next_id().await.is_ok() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_outages_shorter_and_longer_than_half_the_lease() {
+    let Some(url) = Backend::MySql
+        .fresh_database("mysql_outages_half_lease")
+        .await
+    else {
+        return;
+    };
+    outages_shorter_and_longer_than_half_the_lease(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outages_shorter_and_longer_than_half_the_lease() {
+    let Some(url) = Backend::Postgres
+        .fresh_database("postgres_outages_half_lease")
+        .await
+    else {
+        return;
+    };
+    outages_shorter_and_longer_than_half_the_lease(&url).await;
+}

@@ -117,3 +117,29 @@ pub async fn tag(args: &[Bytes], app: &Arc<App>) -> Reply {
         Err(e) => segment_error(&e),
     }
 }
+
+/// `LEAF.WORKERS` (admin): one map per row of `leaf_worker`: `worker_id`, `owner`,
+/// `lease_ms_left` (database time; 0 when expired), `fence_ms`.
+pub async fn workers(app: &Arc<App>) -> Reply {
+    let Some(leases) = app.segments.store().clone().worker_leases() else {
+        return Reply::error("ERR this storage has no worker-id lease table");
+    };
+    match leases.workers().await {
+        Ok(rows) => Reply::Array(
+            rows.into_iter()
+                .map(|row| {
+                    Reply::map([
+                        ("worker_id", Reply::Integer(row.worker_id)),
+                        ("owner", Reply::bulk(row.owner)),
+                        (
+                            "lease_ms_left",
+                            Reply::Integer((row.lease_until - row.db_now).max(0)),
+                        ),
+                        ("fence_ms", Reply::Integer(row.fence_ms)),
+                    ])
+                })
+                .collect(),
+        ),
+        Err(e) => Reply::error(format!("UNAVAILABLE worker-id lease table: {e}")),
+    }
+}

@@ -150,7 +150,10 @@ async fn run(
         "command" => server::command(args),
         "info" => server::info(args, app),
         "time" => server::time(),
-        "config" | "leaf.tag" | "shutdown" if !session.admin => admin_refusal(app, spec.name),
+        "config" | "leaf.tag" | "shutdown" | "leaf.workers" if !session.admin => {
+            admin_refusal(app, spec.name)
+        }
+        "leaf.workers" => admin::workers(app).await,
         "config" => server::config(args, app),
         "shutdown" => server::shutdown(args, app, session),
         "leaf.tags" => admin::tags(app),

@@ -77,6 +77,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     spec("time", 1, &["loading", "stale", "fast"], NO_KEYS, "server", "Returns the server time.", false),
     spec("config", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "CONFIG GET of a harmless subset of parameters.", false),
     spec("shutdown", -1, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "Stops leafd gracefully, like SIGTERM (NOSAVE/SAVE/NOW/FORCE accepted and ignored).", false),
+    spec("leaf.workers", 1, ADMIN, NO_KEYS, "leaf", "The worker-id lease table (database coordinator): id, owner, lease left, fence.", false),
     spec("leaf.tags", 1, &["readonly"], NO_KEYS, "leaf", "Every segment tag with its step, max_id and both buffers.", false),
     spec("leaf.decode", 2, &["readonly", "fast"], NO_KEYS, "leaf", "Timestamp, UTC time, worker id and sequence of a snowflake ID.", false),
     spec("multi", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Starts a transaction: later commands are queued until EXEC.", false),

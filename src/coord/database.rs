@@ -204,6 +204,7 @@ async fn renew(
                 return;
             }
             Err(e) => {
+                limit.lease_failed();
                 if !failing {
                     tracing::warn!(error = %e, worker_id, "worker-id lease renewal failed; SNOWFLAKE continues until half the lease has passed");
                 }

@@ -48,6 +48,11 @@ impl TestServer {
         TestServer::serve(app).await
     }
 
+    /// Serves an application a test opened itself.
+    pub async fn serve_app(app: Arc<App>) -> TestServer {
+        TestServer::serve(app).await
+    }
+
     async fn serve(app: Arc<App>) -> TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

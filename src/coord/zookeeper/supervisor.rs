@@ -115,6 +115,7 @@ pub(super) async fn supervise(
                 return;
             }
             Err(e) => {
+                limit.lease_failed();
                 if lost_contact(&shared, active, &e) {
                     old_session = Some(active.session_id().0);
                     client = None;

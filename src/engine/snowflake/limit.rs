@@ -17,6 +17,8 @@ pub struct IssueLimit {
     fence_problem: Mutex<Option<String>>,
     /// Why the lease ends where it does (set by the coordinator).
     lease_problem: Mutex<Option<String>>,
+    /// Failed attempts to extend the lease (coordinator reports or renewals).
+    lease_failures: AtomicU64,
 }
 
 impl Default for IssueLimit {
@@ -34,6 +36,7 @@ impl IssueLimit {
             revoked: AtomicBool::new(false),
             fence_problem: Mutex::new(None),
             lease_problem: Mutex::new(None),
+            lease_failures: AtomicU64::new(0),
         }
     }
 
@@ -88,6 +91,15 @@ impl IssueLimit {
         *current = Some(reason);
         self.revoked.store(true, Ordering::Release);
         self.lease_ms.store(0, Ordering::Release);
+    }
+
+    /// Counts a failed attempt to extend the lease.
+    pub fn lease_failed(&self) {
+        self.lease_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn lease_failures(&self) -> u64 {
+        self.lease_failures.load(Ordering::Relaxed)
     }
 
     pub fn is_revoked(&self) -> bool {
