@@ -62,16 +62,14 @@ impl DatabaseCoordinator {
         }
     }
 
-    /// The ids to try, in order: the previous one, the lowest never used, then expired ones
+    /// The ids to try, in order: the previous one, the never-used ones from the lowest (nodes
+    /// starting at once race for the lowest; a loser moves on to the next), then expired ones
     /// (longest expired first).
     async fn candidates(&self) -> Result<Vec<u64>, CoordError> {
         let rows = self.store.workers().await.map_err(db)?;
         let mut ids: Vec<u64> = self.previous().into_iter().collect();
-        if let Some(unused) =
-            (0..=self.max_worker_id).find(|id| !rows.iter().any(|r| r.worker_id == *id as i64))
-        {
-            ids.push(unused);
-        }
+        let used: std::collections::HashSet<i64> = rows.iter().map(|r| r.worker_id).collect();
+        ids.extend((0..=self.max_worker_id).filter(|id| !used.contains(&(*id as i64))));
         let mut expired: Vec<_> = rows
             .iter()
             .filter(|r| r.lease_until < r.db_now && r.worker_id as u64 <= self.max_worker_id)
@@ -97,8 +95,9 @@ impl Coordinator for DatabaseCoordinator {
         let owner = format!("{}#{:016x}", self.endpoint, fastrand::u64(..));
         let lease = self.lease_ms as i64;
         let mut granted = None;
-        // Two rounds: a candidate may be taken by another node between the read and the claim.
-        for _ in 0..2 {
+        // A few rounds: every candidate may be taken by other nodes between the read and the
+        // claim (nodes starting at once).
+        for _ in 0..3 {
             for id in self.candidates().await? {
                 if let Some(floor) = self
                     .store
