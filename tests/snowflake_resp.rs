@@ -200,7 +200,7 @@ async fn an_epoch_in_the_future_is_refused_at_start() {
     let mut config = Config::default();
     config.snowflake.epoch_ms = now_ms() + 365 * 86_400_000;
     let err = leafd::app::App::with_store(
-        common::own_fence_file(config),
+        common::own_state_dir(config),
         Arc::new(MemoryStore::new()),
         Arc::new(leafd::engine::clock::SystemClock),
     )

@@ -34,7 +34,7 @@ pub struct TestServer {
 impl TestServer {
     /// Starts leafd with the configured store.
     pub async fn start(config: Config) -> TestServer {
-        let app = App::open(own_fence_file(config))
+        let app = App::open(own_state_dir(config))
             .await
             .expect("leafd starts");
         TestServer::serve(app).await
@@ -42,7 +42,7 @@ impl TestServer {
 
     /// Starts leafd on a given store (wrappers, memory store).
     pub async fn start_with_store(config: Config, store: Arc<dyn SegmentStore>) -> TestServer {
-        let app = App::with_store(own_fence_file(config), store, Arc::new(SystemClock))
+        let app = App::with_store(own_state_dir(config), store, Arc::new(SystemClock))
             .await
             .expect("leafd starts");
         TestServer::serve(app).await
@@ -124,7 +124,7 @@ impl TestServer {
 /// Servers of one test binary run at once: each gets its own state directory (snowflake
 /// fence, segment marks) unless the test chose one or a SQLite file (whose directory is the
 /// state directory), so none waits for another's fence.
-pub fn own_fence_file(mut config: Config) -> Config {
+pub fn own_state_dir(mut config: Config) -> Config {
     let sqlite_file = config.storage.url.starts_with("sqlite://")
         && config.storage.url != Config::default().storage.url;
     if config.storage.state_dir.is_empty() && !sqlite_file && config.snowflake.fence_file.is_empty()

@@ -86,8 +86,8 @@ pub(super) async fn supervise(
                 return;
             }
             Err(e) => {
-                if lost_contact(&shared, active, &e) {
-                    old_session = Some(active.session_id().0);
+                if let Some(ended) = lost_contact(&shared, active, &e) {
+                    old_session = Some(ended);
                     client = None;
                 }
                 continue;
@@ -116,8 +116,8 @@ pub(super) async fn supervise(
             }
             Err(e) => {
                 limit.lease_failed();
-                if lost_contact(&shared, active, &e) {
-                    old_session = Some(active.session_id().0);
+                if let Some(ended) = lost_contact(&shared, active, &e) {
+                    old_session = Some(ended);
                     client = None;
                 }
             }
@@ -125,8 +125,9 @@ pub(super) async fn supervise(
     }
 }
 
-/// Records a failed call; true when the session is over and a new one is needed.
-fn lost_contact(shared: &ZkShared, active: &Client, error: &ZkError) -> bool {
+/// Records a failed call; the id of the session when it is over and a new one is needed
+/// (its liveness node is then this node's own, to be waited for on reconnect).
+fn lost_contact(shared: &ZkShared, active: &Client, error: &ZkError) -> Option<i64> {
     if shared.connected.swap(false, Ordering::Relaxed) {
         tracing::warn!(%error, "ZooKeeper time report failed; ID service continues until the lease ends");
     }
@@ -135,6 +136,7 @@ fn lost_contact(shared: &ZkShared, active: &Client, error: &ZkError) -> bool {
         active.state(),
         SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
     )
+    .then(|| active.session_id().0)
 }
 
 /// Checks that `alive/{id}` is this session's, re-creating it if it vanished while nobody
