@@ -17,7 +17,7 @@ use crate::engine::clock::{Clock, SystemClock};
 use crate::engine::segment::{SegmentEngine, SegmentError, SegmentSettings};
 use crate::engine::snowflake::SnowflakeEngine;
 use crate::metrics::Metrics;
-use crate::storage::{self, DeferredStore, SegmentMarks, SegmentStore, StoreError};
+use crate::storage::{self, DeferredStore, OnRuntime, SegmentMarks, SegmentStore, StoreError};
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +123,9 @@ impl App {
         } else {
             Metrics::disabled()
         });
+        // Commands run on the connection threads; their database calls run here.
+        let store: Arc<dyn SegmentStore> =
+            Arc::new(OnRuntime::new(store, tokio::runtime::Handle::current()));
         let segments = SegmentEngine::new(
             store,
             marks,

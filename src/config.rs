@@ -120,11 +120,17 @@ pub struct ServerConfig {
     /// As Redis: with no password or user configured, clients from other hosts are refused
     /// (one `-DENIED` reply, then the connection closes); loopback clients are served.
     pub protected_mode: bool,
+    /// Threads that serve client connections, each running its own event loop (a connection
+    /// stays on one thread); 0 picks half the CPU cores, at least one.
+    pub io_threads: usize,
     pub max_inline_len: usize,
     pub max_bulk_len: usize,
     pub max_array_len: usize,
     pub max_request_len: usize,
 }
+
+/// More connection threads than this is a typo, not a tuning.
+const MAX_IO_THREADS: usize = 1024;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -140,6 +146,7 @@ impl Default for ServerConfig {
             shutdown_timeout_secs: 10,
             max_multi_commands: 10_000,
             protected_mode: true,
+            io_threads: 0,
             max_inline_len: limits.max_inline_len,
             max_bulk_len: limits.max_bulk_len,
             max_array_len: limits.max_array_len,
@@ -181,6 +188,18 @@ impl Config {
 }
 
 impl ServerConfig {
+    /// How many connection threads to run: `io_threads`, or half the CPU cores when it is 0.
+    /// Half, because a thread that owns its connections serves them without cross-core
+    /// wake-ups, and the kernel's network stack, the database client and the HTTP listener
+    /// need the other cores.
+    pub fn effective_io_threads(&self) -> usize {
+        if self.io_threads > 0 {
+            return self.io_threads;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / 2).max(1)
+    }
+
     /// True when clients must authenticate: a `requirepass` or any user is configured.
     pub fn auth_required(&self) -> bool {
         self.requirepass.is_some() || !self.users.is_empty()
@@ -209,6 +228,7 @@ impl fmt::Debug for ServerConfig {
             )
             .field("users", &self.users)
             .field("max_incrby", &self.max_incrby)
+            .field("io_threads", &self.io_threads)
             .field("limits", &self.request_limits())
             .finish()
     }
@@ -603,6 +623,11 @@ impl Config {
         }
         if self.server.max_incrby < 1 {
             return invalid("server.max_incrby must be at least 1".into());
+        }
+        if self.server.io_threads > MAX_IO_THREADS {
+            return invalid(format!(
+                "server.io_threads must be at most {MAX_IO_THREADS} (0 picks half the CPU cores)"
+            ));
         }
         if self.server.max_multi_commands < 1 {
             return invalid("server.max_multi_commands must be at least 1".into());

@@ -5,6 +5,7 @@ mod deferred;
 mod marks;
 mod memory;
 mod mysql;
+mod on_runtime;
 mod postgres;
 mod sqlite;
 mod workers;
@@ -19,6 +20,7 @@ pub use deferred::DeferredStore;
 pub use marks::SegmentMarks;
 pub use memory::MemoryStore;
 pub use mysql::MySqlStore;
+pub use on_runtime::OnRuntime;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 

@@ -1,0 +1,131 @@
+//! A store whose every call runs on one runtime, the application's, whichever thread asks.
+//! A database socket belongs to the event loop that opened it; connection threads must not own one.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::runtime::Handle;
+
+use super::{LeafAlloc, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
+
+/// Runs the calls of `inner` as tasks on `runtime`. Without it, a pooled connection opened
+/// during a command on a connection thread would be registered with that thread's event loop:
+/// it would be served only when that thread is idle, and die with it at shutdown.
+pub struct OnRuntime<S: ?Sized> {
+    inner: Arc<S>,
+    runtime: Handle,
+}
+
+impl<S: ?Sized + Send + Sync + 'static> OnRuntime<S> {
+    pub fn new(inner: Arc<S>, runtime: Handle) -> OnRuntime<S> {
+        OnRuntime { inner, runtime }
+    }
+
+    /// `call(inner)` as a task on the runtime. Dropping the returned future (a caller's time
+    /// limit) does not cancel the call, as a statement sent to the database may still apply;
+    /// its result is dropped instead. Callers treat either the same way: IDs may be skipped,
+    /// never repeated.
+    async fn run<T, F, Fut>(&self, call: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<S>) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        match self.runtime.spawn(call(self.inner.clone())).await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::Unavailable(format!(
+                "storage call did not finish: {e}"
+            ))),
+        }
+    }
+}
+
+#[async_trait]
+impl SegmentStore for OnRuntime<dyn SegmentStore> {
+    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+        let tag = tag.to_string();
+        self.run(|s| async move { s.allocate(&tag, step).await })
+            .await
+    }
+
+    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
+        self.run(|s| async move { s.list().await }).await
+    }
+
+    async fn create_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        max_id: i64,
+        description: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let tag = tag.to_string();
+        let description = description.map(str::to_string);
+        self.run(|s| async move {
+            s.create_tag(&tag, step, max_id, description.as_deref())
+                .await
+        })
+        .await
+    }
+
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+        let tag = tag.to_string();
+        self.run(|s| async move { s.set_step(&tag, step).await })
+            .await
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn close(&self) {
+        let _ = self
+            .run(|s| async move {
+                s.close().await;
+                Ok(())
+            })
+            .await;
+    }
+
+    fn worker_leases(self: Arc<Self>) -> Option<Arc<dyn WorkerLeaseStore>> {
+        let leases = self.inner.clone().worker_leases()?;
+        Some(Arc::new(OnRuntime::new(leases, self.runtime.clone())))
+    }
+}
+
+#[async_trait]
+impl WorkerLeaseStore for OnRuntime<dyn WorkerLeaseStore> {
+    async fn claim(
+        &self,
+        worker_id: i64,
+        owner: &str,
+        lease_ms: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let owner = owner.to_string();
+        self.run(|s| async move { s.claim(worker_id, &owner, lease_ms).await })
+            .await
+    }
+
+    async fn renew(
+        &self,
+        worker_id: i64,
+        owner: &str,
+        lease_ms: i64,
+        fence_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let owner = owner.to_string();
+        self.run(|s| async move { s.renew(worker_id, &owner, lease_ms, fence_ms).await })
+            .await
+    }
+
+    async fn release(&self, worker_id: i64, owner: &str, fence_ms: i64) -> Result<(), StoreError> {
+        let owner = owner.to_string();
+        self.run(|s| async move { s.release(worker_id, &owner, fence_ms).await })
+            .await
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerRow>, StoreError> {
+        self.run(|s| async move { s.workers().await }).await
+    }
+}
