@@ -22,16 +22,18 @@ fuzz_target!(|data: &[u8]| {
     for piece in data.chunks(chunk) {
         buf.extend_from_slice(piece);
         loop {
-            let before = buf.len();
-            match decoder.decode(&mut buf) {
-                Ok(Some(args)) => {
+            match decoder.decode(&buf) {
+                Ok(decoded) => {
+                    let used = decoded.used;
+                    let Some(args) = decoded.args else {
+                        assert!(buf.len() - used <= limits.max_request_len + 64);
+                        let _ = buf.split_to(used);
+                        break;
+                    };
                     assert!(!args.is_empty());
-                    assert!(buf.len() < before);
-                    let _ = leafd::cmd::table::lookup(&args[0]);
-                }
-                Ok(None) => {
-                    assert!(buf.len() <= limits.max_request_len + 64);
-                    break;
+                    assert!(used > 0 && used <= buf.len(), "a command consumes input");
+                    let _ = leafd::cmd::table::lookup(args[0]);
+                    let _ = buf.split_to(used);
                 }
                 Err(_) => return,
             }

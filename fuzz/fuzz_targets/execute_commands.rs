@@ -4,9 +4,8 @@
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use leafd::app::App;
 use leafd::cmd::{self, Session};
 use leafd::config::Config;
@@ -52,11 +51,17 @@ fuzz_target!(|data: &[u8]| {
         let mut input = BytesMut::from(data);
         let mut out = BytesMut::new();
         for _ in 0..MAX_COMMANDS {
-            let Ok(Some(args)) = decoder.decode(&mut input) else {
+            let Ok(decoded) = decoder.decode(&input) else {
                 break;
             };
-            let (reply, _) =
-                cmd::execute(&app, &mut session, args, Instant::now(), &mut batch).await;
+            let Some(args) = decoded.args else {
+                break;
+            };
+            batch.start();
+            let reply = cmd::execute(&app, &mut session, &args, &mut batch).await;
+            batch.flush(&app.metrics);
+            drop(args);
+            input.advance(decoded.used);
             reply.encode(RespVersion::Resp2, &mut out);
             reply.encode(RespVersion::Resp3, &mut out);
             out.clear();

@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::{lossy, parse_i64, segment_error, wrong_arity};
 use crate::app::App;
 use crate::engine::segment::Segment;
@@ -51,13 +49,13 @@ pub fn tags(app: &Arc<App>) -> Reply {
 /// `LEAF.TAG CREATE <tag> <step> [<start>]`, `LEAF.TAG STEP <tag> <step>`,
 /// `LEAF.TAG SKIP <tag> <n>` (reply: the new max_id) and `LEAF.TAG SKIPALL <n>` (reply: a map
 /// of every tag to its new max_id).
-pub async fn tag(args: &[Bytes], app: &Arc<App>) -> Reply {
+pub async fn tag(args: &[&[u8]], app: &Arc<App>) -> Reply {
     let sub = &args[1];
     if sub.eq_ignore_ascii_case(b"skipall") {
         if args.len() != 3 {
             return wrong_arity("leaf.tag|skipall");
         }
-        let n = match parse_i64(&args[2]) {
+        let n = match parse_i64(args[2]) {
             Ok(n) => n,
             Err(reply) => return reply,
         };
@@ -71,14 +69,14 @@ pub async fn tag(args: &[Bytes], app: &Arc<App>) -> Reply {
             Err(e) => segment_error(&e),
         };
     }
-    let Ok(tag) = std::str::from_utf8(&args[2]) else {
+    let Ok(tag) = std::str::from_utf8(args[2]) else {
         return Reply::error("ERR tag may only contain printable ASCII characters without spaces");
     };
     let result = if sub.eq_ignore_ascii_case(b"create") {
         if !(4..=5).contains(&args.len()) {
             return wrong_arity("leaf.tag|create");
         }
-        let step = match parse_i64(&args[3]) {
+        let step = match parse_i64(args[3]) {
             Ok(step) => step,
             Err(reply) => return reply,
         };
@@ -91,7 +89,7 @@ pub async fn tag(args: &[Bytes], app: &Arc<App>) -> Reply {
         if args.len() != 4 {
             return wrong_arity("leaf.tag|step");
         }
-        match parse_i64(&args[3]) {
+        match parse_i64(args[3]) {
             Ok(step) => app.segments.set_step(tag, step).await,
             Err(reply) => return reply,
         }
@@ -99,7 +97,7 @@ pub async fn tag(args: &[Bytes], app: &Arc<App>) -> Reply {
         if args.len() != 4 {
             return wrong_arity("leaf.tag|skip");
         }
-        return match parse_i64(&args[3]) {
+        return match parse_i64(args[3]) {
             Ok(n) => match app.segments.skip(tag, n).await {
                 Ok(max_id) => Reply::Integer(max_id),
                 Err(e) => segment_error(&e),

@@ -13,10 +13,10 @@ use crate::protocol::{Reply, RespVersion};
 /// The Redis version leafd reports, so clients enable the RESP3/HELLO features it implements.
 pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
 
-pub fn ping(args: &[Bytes], _session: &Session) -> Reply {
+pub fn ping(args: &[&[u8]], _session: &Session) -> Reply {
     match args.len() {
         1 => Reply::Simple("PONG".into()),
-        2 => Reply::Bulk(args[1].clone()),
+        2 => Reply::Bulk(Bytes::copy_from_slice(args[1])),
         _ => wrong_arity("ping"),
     }
 }
@@ -37,10 +37,10 @@ fn check_credentials(app: &App, user: &[u8], pass: &[u8]) -> Result<bool, Reply>
 }
 
 /// `AUTH <password>` or `AUTH <username> <password>`.
-pub fn auth(args: &[Bytes], app: &Arc<App>, session: &mut Session) -> Reply {
+pub fn auth(args: &[&[u8]], app: &Arc<App>, session: &mut Session) -> Reply {
     let result = match args.len() {
-        2 => check_credentials(app, b"default", &args[1]),
-        3 => check_credentials(app, &args[1], &args[2]),
+        2 => check_credentials(app, b"default", args[1]),
+        3 => check_credentials(app, args[1], args[2]),
         _ => return wrong_arity("auth"),
     };
     match result {
@@ -54,7 +54,7 @@ pub fn auth(args: &[Bytes], app: &Arc<App>, session: &mut Session) -> Reply {
 }
 
 /// `HELLO [protover [AUTH username password] [SETNAME clientname]]`.
-pub fn hello(args: &[Bytes], app: &Arc<App>, session: &mut Session) -> Reply {
+pub fn hello(args: &[&[u8]], app: &Arc<App>, session: &mut Session) -> Reply {
     let mut protocol = session.protocol;
     if let Some(version) = args.get(1) {
         protocol = match parse_i64(version) {
@@ -71,17 +71,17 @@ pub fn hello(args: &[Bytes], app: &Arc<App>, session: &mut Session) -> Reply {
     while i < args.len() {
         let option = &args[i];
         if option.eq_ignore_ascii_case(b"auth") && i + 2 < args.len() {
-            match check_credentials(app, &args[i + 1], &args[i + 2]) {
+            match check_credentials(app, args[i + 1], args[i + 2]) {
                 Ok(admin) => session.admin = admin,
                 Err(reply) => return reply,
             }
             session.authenticated = true;
             i += 3;
         } else if option.eq_ignore_ascii_case(b"setname") && i + 1 < args.len() {
-            if let Err(reply) = validate_client_name(&args[i + 1]) {
+            if let Err(reply) = validate_client_name(args[i + 1]) {
                 return reply;
             }
-            name = Some(args[i + 1].clone());
+            name = Some(Bytes::copy_from_slice(args[i + 1]));
             i += 2;
         } else {
             return Reply::error(format!(
@@ -138,14 +138,14 @@ fn client_info_line(session: &Session) -> String {
 }
 
 /// `CLIENT ID | SETNAME | GETNAME | SETINFO | INFO | LIST | NO-EVICT | NO-TOUCH | HELP`.
-pub fn client(args: &[Bytes], session: &mut Session) -> Reply {
+pub fn client(args: &[&[u8]], session: &mut Session) -> Reply {
     let sub = args[1].to_ascii_lowercase();
     match (sub.as_slice(), args.len()) {
         (b"id", 2) => Reply::Integer(session.id as i64),
         (b"getname", 2) => session.name.clone().map(Reply::Bulk).unwrap_or(Reply::Null),
-        (b"setname", 3) => match validate_client_name(&args[2]) {
+        (b"setname", 3) => match validate_client_name(args[2]) {
             Ok(()) => {
-                session.name = (!args[2].is_empty()).then(|| args[2].clone());
+                session.name = (!args[2].is_empty()).then(|| Bytes::copy_from_slice(args[2]));
                 Reply::ok()
             }
             Err(reply) => reply,
@@ -153,9 +153,9 @@ pub fn client(args: &[Bytes], session: &mut Session) -> Reply {
         (b"setinfo", 4) => {
             let attr = args[2].to_ascii_lowercase();
             match attr.as_slice() {
-                b"lib-name" => session.lib_name = Some(args[3].clone()),
-                b"lib-ver" => session.lib_ver = Some(args[3].clone()),
-                _ => return Reply::error(format!("ERR Unrecognized option '{}'", lossy(&args[2]))),
+                b"lib-name" => session.lib_name = Some(Bytes::copy_from_slice(args[3])),
+                b"lib-ver" => session.lib_ver = Some(Bytes::copy_from_slice(args[3])),
+                _ => return Reply::error(format!("ERR Unrecognized option '{}'", lossy(args[2]))),
             }
             Reply::ok()
         }
@@ -184,7 +184,7 @@ pub fn client(args: &[Bytes], session: &mut Session) -> Reply {
         ) => wrong_arity(&format!("client|{}", String::from_utf8_lossy(&sub))),
         _ => Reply::error(format!(
             "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-            lossy(&args[1])
+            lossy(args[1])
         )),
     }
 }
@@ -193,7 +193,7 @@ pub fn client(args: &[Bytes], session: &mut Session) -> Reply {
 /// OPTIN mode nothing is tracked until `CLIENT CACHING YES`, which leafd refuses, so no ID can
 /// ever be served from a client's cache. Tracking without OPTIN would let a client cache
 /// `GET snowflake` and hand out one ID many times: refused. `OFF` is accepted.
-fn tracking(args: &[Bytes]) -> Reply {
+fn tracking(args: &[&[u8]]) -> Reply {
     let on = args[0].eq_ignore_ascii_case(b"on");
     if args[0].eq_ignore_ascii_case(b"off") {
         return Reply::ok();
@@ -210,8 +210,8 @@ fn tracking(args: &[Bytes]) -> Reply {
 }
 
 /// `SELECT 0`: leafd has one logical database.
-pub fn select(args: &[Bytes]) -> Reply {
-    match parse_i64(&args[1]) {
+pub fn select(args: &[&[u8]]) -> Reply {
+    match parse_i64(args[1]) {
         Ok(0) => Reply::ok(),
         Ok(_) => Reply::error("ERR DB index is out of range"),
         Err(_) => not_an_integer(),

@@ -10,8 +10,11 @@ mod snowflake;
 pub mod table;
 mod transaction;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
+
+use table::CommandId;
 
 use bytes::Bytes;
 
@@ -72,99 +75,96 @@ impl Session {
     }
 }
 
-/// Runs one command, notes its metrics in the connection's `batch` and returns its reply with
-/// the time it finished. `started` is when work on this command began (for a pipelined batch,
-/// when the previous command finished), so timing costs one clock read per command. Never
-/// fails: every problem is an error reply.
+/// Runs one command and notes it in the connection's `batch`. Never fails: every problem is
+/// an error reply.
 pub async fn execute(
     app: &Arc<App>,
     session: &mut Session,
-    args: Vec<Bytes>,
-    started: Instant,
+    args: &[&[u8]],
     batch: &mut BatchMetrics,
-) -> (Reply, Instant) {
-    let found = args.first().and_then(|name| table::lookup_indexed(name));
+) -> Reply {
+    let id = args.first().and_then(|name| CommandId::resolve(name));
     let queued = match session.transaction {
-        Some(_) => transaction::queue(app, session, &args),
+        Some(_) => transaction::queue(app, session, args),
         None => None,
     };
-    let (index, reply) = match (queued, found) {
-        (Some(reply), found) => (found.map_or(usize::MAX, |(i, _)| i), reply),
-        (None, Some((index, spec))) => (index, run(spec, app, session, &args).await),
-        (None, None) => (usize::MAX, unknown_command(&args)),
+    let mut waited = false;
+    let reply = match (queued, id) {
+        (Some(reply), _) => reply,
+        (None, Some(id)) => {
+            let mut command = std::pin::pin!(run(id, app, session, args));
+            // Whether it waited decides how it is timed (see BatchMetrics).
+            std::future::poll_fn(|cx| {
+                let poll = command.as_mut().poll(cx);
+                waited |= poll.is_pending();
+                poll
+            })
+            .await
+        }
+        (None, None) => unknown_command(args),
     };
-    if !app.metrics.enabled() {
-        return (reply, started);
+    if let (Some(id), true) = (id, app.metrics.enabled()) {
+        batch.record(id as usize, reply.is_error(), waited);
     }
-    let finished = Instant::now();
-    batch.record(
-        index,
-        reply.is_error(),
-        finished.saturating_duration_since(started),
-    );
-    (reply, finished)
+    reply
 }
 
-async fn run(
-    spec: &'static table::CommandSpec,
-    app: &Arc<App>,
-    session: &mut Session,
-    args: &[Bytes],
-) -> Reply {
+async fn run(id: CommandId, app: &Arc<App>, session: &mut Session, args: &[&[u8]]) -> Reply {
+    let spec = id.spec();
     if !spec.arity_ok(args.len()) {
         return wrong_arity(spec.name);
     }
-    if !session.authenticated && !spec.before_auth {
+    if !session.authenticated && !spec.before_auth() {
         return Reply::error(crate::auth::NOAUTH);
     }
-    match spec.name {
-        "incr" if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
+    use CommandId::*;
+    match id {
+        Incr if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
             snowflake::next(app).await
         }
-        "incr" => match segment::Incr::parse(args) {
+        Incr => match segment::Incr::parse(args) {
             Ok(cmd) => cmd.apply(app).await,
             Err(reply) => reply,
         },
         // Clients such as redis-py send INCR as INCRBY key 1.
-        "incrby" if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
+        IncrBy if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
             snowflake::incrby(args, app).await
         }
-        "incrby" => match segment::IncrBy::parse(args, app) {
+        IncrBy => match segment::IncrBy::parse(args, app) {
             Ok(cmd) => cmd.apply(app).await,
             Err(reply) => reply,
         },
-        "snowflake" => snowflake::snowflake(args, app).await,
-        "get" => snowflake::get(args, app).await,
-        "leaf.decode" => snowflake::decode(args, app),
-        "ping" => connection::ping(args, session),
-        "echo" => Reply::Bulk(args[1].clone()),
-        "hello" => connection::hello(args, app, session),
-        "auth" => connection::auth(args, app, session),
-        "client" => connection::client(args, session),
-        "select" => connection::select(args),
-        "quit" => {
+        Snowflake => snowflake::snowflake(args, app).await,
+        Get => snowflake::get(args, app).await,
+        LeafDecode => snowflake::decode(args, app),
+        Ping => connection::ping(args, session),
+        Echo => Reply::Bulk(Bytes::copy_from_slice(args[1])),
+        Hello => connection::hello(args, app, session),
+        Auth => connection::auth(args, app, session),
+        Client => connection::client(args, session),
+        Select => connection::select(args),
+        Quit => {
             session.closing = true;
             Reply::ok()
         }
-        "reset" => connection::reset(app, session),
-        "command" => server::command(args),
-        "info" => server::info(args, app),
-        "time" => server::time(),
-        "config" | "leaf.tag" | "shutdown" | "leaf.workers" if !session.admin => {
+        Reset => connection::reset(app, session),
+        Command => server::command(args),
+        Info => server::info(args, app),
+        Time => server::time(),
+        Config | LeafTag | Shutdown | LeafWorkers if !session.admin => {
             admin_refusal(app, spec.name)
         }
-        "leaf.workers" => admin::workers(app).await,
-        "config" => server::config(args, app),
-        "shutdown" => server::shutdown(args, app, session),
-        "leaf.tags" => admin::tags(app),
-        "leaf.tag" => admin::tag(args, app).await,
-        "multi" => transaction::multi(session),
-        "discard" => transaction::discard(session),
-        "watch" => transaction::watch(session),
-        "unwatch" => Reply::ok(),
+        LeafWorkers => admin::workers(app).await,
+        Config => server::config(args, app),
+        Shutdown => server::shutdown(args, app, session),
+        LeafTags => admin::tags(app),
+        LeafTag => admin::tag(args, app).await,
+        Multi => transaction::multi(session),
+        Discard => transaction::discard(session),
+        Watch => transaction::watch(session),
+        Unwatch => Reply::ok(),
         // Boxed: EXEC runs the queued commands through `run` (never another EXEC: it is not queued).
-        "exec" => Box::pin(transaction::exec(app, session)).await,
-        _ => unknown_command(args),
+        Exec => Box::pin(transaction::exec(app, session)).await,
     }
 }
 
@@ -180,7 +180,7 @@ fn admin_refusal(app: &App, name: &str) -> Reply {
     }
 }
 
-fn unknown_command(args: &[Bytes]) -> Reply {
+fn unknown_command(args: &[&[u8]]) -> Reply {
     let name = args.first().map(|a| lossy(a)).unwrap_or_default();
     let rest: String = args
         .iter()

@@ -2,8 +2,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::{lossy, parse_i64, segment_error};
 use crate::app::App;
 use crate::protocol::Reply;
@@ -11,7 +9,7 @@ use crate::protocol::Reply;
 const SEGMENT_PREFIX: &[u8] = b"segment:";
 
 /// The tag named by a `segment:<tag>` key.
-fn tag_of(key: &Bytes) -> Result<&str, Reply> {
+fn tag_of(key: &[u8]) -> Result<&str, Reply> {
     let tag = key.strip_prefix(SEGMENT_PREFIX).ok_or_else(|| {
         Reply::error(format!(
             "ERR unsupported key '{}': use segment:<tag> or snowflake",
@@ -27,9 +25,9 @@ pub struct Incr<'a> {
 }
 
 impl<'a> Incr<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Incr<'a>, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Incr<'a>, Reply> {
         Ok(Incr {
-            tag: tag_of(&args[1])?,
+            tag: tag_of(args[1])?,
         })
     }
 
@@ -48,9 +46,9 @@ pub struct IncrBy<'a> {
 }
 
 impl<'a> IncrBy<'a> {
-    pub fn parse(args: &'a [Bytes], app: &App) -> Result<IncrBy<'a>, Reply> {
-        let tag = tag_of(&args[1])?;
-        let count = parse_i64(&args[2])?;
+    pub fn parse(args: &'a [&'a [u8]], app: &App) -> Result<IncrBy<'a>, Reply> {
+        let tag = tag_of(args[1])?;
+        let count = parse_i64(args[2])?;
         if count < 1 {
             return Err(Reply::error("ERR increment must be positive"));
         }

@@ -5,8 +5,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
-
 use super::connection::REDIS_COMPAT_VERSION;
 use super::glob::Glob;
 use super::table::{self, CommandSpec, COMMANDS};
@@ -43,7 +41,7 @@ fn command_docs(spec: &CommandSpec) -> Reply {
 }
 
 /// `COMMAND`, `COMMAND COUNT`, `COMMAND INFO [name…]`, `COMMAND DOCS [name…]`, `COMMAND LIST`.
-pub fn command(args: &[Bytes]) -> Reply {
+pub fn command(args: &[&[u8]]) -> Reply {
     let Some(sub) = args.get(1) else {
         return Reply::Array(COMMANDS.iter().map(command_info).collect());
     };
@@ -86,7 +84,7 @@ pub fn command(args: &[Bytes]) -> Reply {
 }
 
 /// `INFO [section …]`: server, clients, stats, persistence, replication, leafd, keyspace.
-pub fn info(args: &[Bytes], app: &Arc<App>) -> Reply {
+pub fn info(args: &[&[u8]], app: &Arc<App>) -> Reply {
     let wanted: Vec<String> = args[1..]
         .iter()
         .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
@@ -194,12 +192,12 @@ pub fn time() -> Reply {
 }
 
 /// `CONFIG GET <pattern> […]` over a harmless subset; `CONFIG SET` and friends are refused.
-pub fn config(args: &[Bytes], app: &Arc<App>) -> Reply {
+pub fn config(args: &[&[u8]], app: &Arc<App>) -> Reply {
     let sub = args[1].to_ascii_lowercase();
     if sub != b"get" {
         return Reply::error(format!(
             "ERR CONFIG {} is not supported by leafd; edit leafd.toml instead",
-            lossy(&args[1]).to_ascii_uppercase()
+            lossy(args[1]).to_ascii_uppercase()
         ));
     }
     if args.len() < 3 {
@@ -234,7 +232,7 @@ pub fn config(args: &[Bytes], app: &Arc<App>) -> Reply {
 /// `SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE]` (admin): stops leafd gracefully, as SIGTERM does; the
 /// options are accepted and ignored (leafd has no dataset to save). As Redis, the client gets
 /// no reply: its connection closes.
-pub fn shutdown(args: &[Bytes], app: &Arc<App>, session: &mut crate::cmd::Session) -> Reply {
+pub fn shutdown(args: &[&[u8]], app: &Arc<App>, session: &mut crate::cmd::Session) -> Reply {
     for arg in &args[1..] {
         let known = [&b"nosave"[..], b"save", b"now", b"force"]
             .iter()

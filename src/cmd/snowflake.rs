@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use bytes::Bytes;
-
 use super::{lossy, parse_i64};
 use crate::app::App;
 use crate::engine::snowflake::{SnowflakeEngine, SnowflakeError};
@@ -44,7 +42,7 @@ pub async fn next(app: &Arc<App>) -> Reply {
 }
 
 /// `SNOWFLAKE [n]`: one integer, or an array of n strictly increasing IDs.
-pub async fn snowflake(args: &[Bytes], app: &Arc<App>) -> Reply {
+pub async fn snowflake(args: &[&[u8]], app: &Arc<App>) -> Reply {
     let Some(count) = args.get(1) else {
         return next(app).await;
     };
@@ -71,8 +69,8 @@ pub async fn snowflake(args: &[Bytes], app: &Arc<App>) -> Reply {
 
 /// `INCRBY snowflake 1` (what some clients send for INCR). Snowflake IDs are not contiguous,
 /// so a block larger than one is refused.
-pub async fn incrby(args: &[Bytes], app: &Arc<App>) -> Reply {
-    match parse_i64(&args[2]) {
+pub async fn incrby(args: &[&[u8]], app: &Arc<App>) -> Reply {
+    match parse_i64(args[2]) {
         Ok(1) => next(app).await,
         Ok(_) => Reply::error("ERR INCRBY snowflake takes only 1: use SNOWFLAKE <n> for more IDs"),
         Err(reply) => reply,
@@ -82,7 +80,7 @@ pub async fn incrby(args: &[Bytes], app: &Arc<App>) -> Reply {
 /// `GET snowflake`: the next ID as a bulk string, as GET always answers in Redis (and so that
 /// JavaScript clients, whose numbers hold 53 bits, get it exactly); any other key is not
 /// something leafd stores.
-pub async fn get(args: &[Bytes], app: &Arc<App>) -> Reply {
+pub async fn get(args: &[&[u8]], app: &Arc<App>) -> Reply {
     if args[1].eq_ignore_ascii_case(SNOWFLAKE_KEY) {
         match next(app).await {
             Reply::Integer(id) => Reply::bulk(id.to_string()),
@@ -91,14 +89,14 @@ pub async fn get(args: &[Bytes], app: &Arc<App>) -> Reply {
     } else {
         Reply::error(format!(
             "ERR unsupported key '{}': GET only serves 'snowflake'",
-            lossy(&args[1])
+            lossy(args[1])
         ))
     }
 }
 
 /// `LEAF.DECODE <id>`: timestamp, UTC time, worker id and sequence of a snowflake ID.
-pub fn decode(args: &[Bytes], app: &Arc<App>) -> Reply {
-    let id = match parse_i64(&args[1]) {
+pub fn decode(args: &[&[u8]], app: &Arc<App>) -> Reply {
+    let id = match parse_i64(args[1]) {
         Ok(id) => id,
         Err(reply) => return reply,
     };

@@ -4,6 +4,7 @@
 /// What leafd tells clients about one command (the shape of Redis's COMMAND INFO).
 #[derive(Debug)]
 pub struct CommandSpec {
+    pub id: CommandId,
     /// Lower-case name as clients send it.
     pub name: &'static str,
     /// Redis arity: `n` means exactly n arguments (name included), `-n` at least n.
@@ -14,11 +15,14 @@ pub struct CommandSpec {
     pub key_step: i64,
     pub group: &'static str,
     pub summary: &'static str,
-    /// May run before the client authenticated.
-    pub before_auth: bool,
 }
 
 impl CommandSpec {
+    /// May run before the client authenticated (Redis's `no-auth` flag).
+    pub fn before_auth(&self) -> bool {
+        self.flags.contains(&"no-auth")
+    }
+
     pub fn arity_ok(&self, argc: usize) -> bool {
         if self.arity >= 0 {
             argc == self.arity as usize
@@ -29,15 +33,16 @@ impl CommandSpec {
 }
 
 const fn spec(
+    id: CommandId,
     name: &'static str,
     arity: i32,
     flags: &'static [&'static str],
     keys: (i64, i64, i64),
     group: &'static str,
     summary: &'static str,
-    before_auth: bool,
 ) -> CommandSpec {
     CommandSpec {
+        id,
         name,
         arity,
         flags,
@@ -46,7 +51,6 @@ const fn spec(
         key_step: keys.2,
         group,
         summary,
-        before_auth,
     }
 }
 
@@ -57,51 +61,147 @@ const CONN: &[&str] = &["noscript", "loading", "stale", "fast"];
 const ADMIN: &[&str] = &["admin", "noscript"];
 const NO_AUTH: &[&str] = &["noscript", "loading", "stale", "fast", "no-auth"];
 
-/// Every command, the hot ones first (the table is scanned linearly).
+/// Every command leafd knows, in the order of [`COMMANDS`]: its index there is the index of
+/// its metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandId {
+    Incr,
+    IncrBy,
+    Snowflake,
+    Get,
+    Ping,
+    Echo,
+    Hello,
+    Auth,
+    Client,
+    Select,
+    Quit,
+    Reset,
+    Command,
+    Info,
+    Time,
+    Config,
+    Shutdown,
+    LeafWorkers,
+    LeafTags,
+    LeafDecode,
+    Multi,
+    Exec,
+    Discard,
+    Watch,
+    Unwatch,
+    LeafTag,
+}
+
+impl CommandId {
+    /// The command `name` names, ignoring ASCII case: one match on the name's bytes.
+    pub fn resolve(name: &[u8]) -> Option<CommandId> {
+        let mut lower = [0u8; 12];
+        let lower = lower.get_mut(..name.len())?;
+        lower.copy_from_slice(name);
+        lower.make_ascii_lowercase();
+        use CommandId::*;
+        Some(match &*lower {
+            b"incr" => Incr,
+            b"incrby" => IncrBy,
+            b"snowflake" => Snowflake,
+            b"get" => Get,
+            b"ping" => Ping,
+            b"echo" => Echo,
+            b"hello" => Hello,
+            b"auth" => Auth,
+            b"client" => Client,
+            b"select" => Select,
+            b"quit" => Quit,
+            b"reset" => Reset,
+            b"command" => Command,
+            b"info" => Info,
+            b"time" => Time,
+            b"config" => Config,
+            b"shutdown" => Shutdown,
+            b"leaf.workers" => LeafWorkers,
+            b"leaf.tags" => LeafTags,
+            b"leaf.decode" => LeafDecode,
+            b"multi" => Multi,
+            b"exec" => Exec,
+            b"discard" => Discard,
+            b"watch" => Watch,
+            b"unwatch" => Unwatch,
+            b"leaf.tag" => LeafTag,
+            _ => return None,
+        })
+    }
+
+    pub fn spec(self) -> &'static CommandSpec {
+        &COMMANDS[self as usize]
+    }
+}
+
+/// Every command: name, arity, flags and help, as COMMAND reports them.
 #[rustfmt::skip]
-pub const COMMANDS: &[CommandSpec] = &[
-    spec("incr", 2, WRITE, ONE_KEY, "string", "Returns the next ID of segment:<tag> (or of snowflake).", false),
-    spec("incrby", 3, WRITE, ONE_KEY, "string", "Reserves a block of n contiguous IDs of segment:<tag>; returns the last.", false),
-    spec("snowflake", -1, WRITE, NO_KEYS, "leaf", "Returns the next snowflake ID, or an array of n.", false),
-    spec("get", 2, &["readonly", "fast"], ONE_KEY, "string", "GET snowflake: the next snowflake ID.", false),
-    spec("ping", -1, CONN, NO_KEYS, "connection", "Returns PONG, or the argument.", false),
-    spec("echo", 2, CONN, NO_KEYS, "connection", "Returns the argument.", false),
-    spec("hello", -1, NO_AUTH, NO_KEYS, "connection", "Handshake: protocol version, authentication, client name.", true),
-    spec("auth", -2, NO_AUTH, NO_KEYS, "connection", "Authenticates the connection.", true),
-    spec("client", -2, CONN, NO_KEYS, "connection", "Connection introspection: ID, SETNAME, GETNAME, SETINFO, INFO, LIST.", false),
-    spec("select", 2, CONN, NO_KEYS, "connection", "Selects database 0 (the only one).", false),
-    spec("quit", -1, NO_AUTH, NO_KEYS, "connection", "Closes the connection.", true),
-    spec("reset", 1, NO_AUTH, NO_KEYS, "connection", "Resets the connection state.", true),
-    spec("command", -1, &["loading", "stale"], NO_KEYS, "server", "Describes commands: COUNT, INFO, DOCS, LIST.", false),
-    spec("info", -1, &["loading", "stale"], NO_KEYS, "server", "Server information and statistics.", false),
-    spec("time", 1, &["loading", "stale", "fast"], NO_KEYS, "server", "Returns the server time.", false),
-    spec("config", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "CONFIG GET of a harmless subset of parameters.", false),
-    spec("shutdown", -1, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "Stops leafd gracefully, like SIGTERM (NOSAVE/SAVE/NOW/FORCE accepted and ignored).", false),
-    spec("leaf.workers", 1, ADMIN, NO_KEYS, "leaf", "The worker-id lease table (database coordinator): id, owner, lease left, fence.", false),
-    spec("leaf.tags", 1, &["readonly"], NO_KEYS, "leaf", "Every segment tag with its step, max_id and both buffers.", false),
-    spec("leaf.decode", 2, &["readonly", "fast"], NO_KEYS, "leaf", "Timestamp, UTC time, worker id and sequence of a snowflake ID.", false),
-    spec("multi", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Starts a transaction: later commands are queued until EXEC.", false),
-    spec("exec", 1, &["noscript", "loading", "stale", "skip-slowlog"], NO_KEYS, "transactions", "Runs the queued commands in order and replies with their replies.", false),
-    spec("discard", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Drops the queued commands.", false),
-    spec("watch", -2, &["noscript", "loading", "stale", "fast", "allow-busy"], (1, -1, 1), "transactions", "Accepted; no key leafd serves can be changed by a client, so EXEC never aborts for it.", false),
-    spec("unwatch", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Forgets watched keys (none matter).", false),
-    spec("leaf.tag", -3, ADMIN, NO_KEYS, "leaf", "LEAF.TAG CREATE <tag> <step> [<start>] | STEP <tag> <step> | SKIP <tag> <n> | SKIPALL <n>.", false),
-];
+#[allow(clippy::enum_glob_use)]
+pub const COMMANDS: &[CommandSpec] = {
+    use CommandId::*;
+    &[
+    spec(Incr, "incr", 2, WRITE, ONE_KEY, "string", "Returns the next ID of segment:<tag> (or of snowflake)."),
+    spec(IncrBy, "incrby", 3, WRITE, ONE_KEY, "string", "Reserves a block of n contiguous IDs of segment:<tag>; returns the last."),
+    spec(Snowflake, "snowflake", -1, WRITE, NO_KEYS, "leaf", "Returns the next snowflake ID, or an array of n."),
+    spec(Get, "get", 2, &["readonly", "fast"], ONE_KEY, "string", "GET snowflake: the next snowflake ID."),
+    spec(Ping, "ping", -1, CONN, NO_KEYS, "connection", "Returns PONG, or the argument."),
+    spec(Echo, "echo", 2, CONN, NO_KEYS, "connection", "Returns the argument."),
+    spec(Hello, "hello", -1, NO_AUTH, NO_KEYS, "connection", "Handshake: protocol version, authentication, client name."),
+    spec(Auth, "auth", -2, NO_AUTH, NO_KEYS, "connection", "Authenticates the connection."),
+    spec(Client, "client", -2, CONN, NO_KEYS, "connection", "Connection introspection: ID, SETNAME, GETNAME, SETINFO, INFO, LIST."),
+    spec(Select, "select", 2, CONN, NO_KEYS, "connection", "Selects database 0 (the only one)."),
+    spec(Quit, "quit", -1, NO_AUTH, NO_KEYS, "connection", "Closes the connection."),
+    spec(Reset, "reset", 1, NO_AUTH, NO_KEYS, "connection", "Resets the connection state."),
+    spec(Command, "command", -1, &["loading", "stale"], NO_KEYS, "server", "Describes commands: COUNT, INFO, DOCS, LIST."),
+    spec(Info, "info", -1, &["loading", "stale"], NO_KEYS, "server", "Server information and statistics."),
+    spec(Time, "time", 1, &["loading", "stale", "fast"], NO_KEYS, "server", "Returns the server time."),
+    spec(Config, "config", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "CONFIG GET of a harmless subset of parameters."),
+    spec(Shutdown, "shutdown", -1, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "Stops leafd gracefully, like SIGTERM (NOSAVE/SAVE/NOW/FORCE accepted and ignored)."),
+    spec(LeafWorkers, "leaf.workers", 1, ADMIN, NO_KEYS, "leaf", "The worker-id lease table (database coordinator): id, owner, lease left, fence."),
+    spec(LeafTags, "leaf.tags", 1, &["readonly"], NO_KEYS, "leaf", "Every segment tag with its step, max_id and both buffers."),
+    spec(LeafDecode, "leaf.decode", 2, &["readonly", "fast"], NO_KEYS, "leaf", "Timestamp, UTC time, worker id and sequence of a snowflake ID."),
+    spec(Multi, "multi", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Starts a transaction: later commands are queued until EXEC."),
+    spec(Exec, "exec", 1, &["noscript", "loading", "stale", "skip-slowlog"], NO_KEYS, "transactions", "Runs the queued commands in order and replies with their replies."),
+    spec(Discard, "discard", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Drops the queued commands."),
+    spec(Watch, "watch", -2, &["noscript", "loading", "stale", "fast", "allow-busy"], (1, -1, 1), "transactions", "Accepted; no key leafd serves can be changed by a client, so EXEC never aborts for it."),
+    spec(Unwatch, "unwatch", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Forgets watched keys (none matter)."),
+    spec(LeafTag, "leaf.tag", -3, ADMIN, NO_KEYS, "leaf", "LEAF.TAG CREATE <tag> <step> [<start>] | STEP <tag> <step> | SKIP <tag> <n> | SKIPALL <n>."),
+    ]
+};
 
 /// Finds a command by name, ignoring ASCII case.
 pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
-    lookup_indexed(name).map(|(_, spec)| spec)
-}
-
-/// Finds a command and its position in [`COMMANDS`] (the index of its metrics).
-pub fn lookup_indexed(name: &[u8]) -> Option<(usize, &'static CommandSpec)> {
-    COMMANDS
-        .iter()
-        .enumerate()
-        .find(|(_, spec)| spec.name.as_bytes().eq_ignore_ascii_case(name))
+    CommandId::resolve(name).map(CommandId::spec)
 }
 
 /// Every command name, in table order.
 pub fn names() -> Vec<&'static str> {
     COMMANDS.iter().map(|spec| spec.name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_command_resolves_to_its_own_row() {
+        for (index, spec) in COMMANDS.iter().enumerate() {
+            assert_eq!(spec.id as usize, index, "{} is out of order", spec.name);
+            assert_eq!(CommandId::resolve(spec.name.as_bytes()), Some(spec.id));
+            let upper = spec.name.to_ascii_uppercase();
+            assert_eq!(lookup(upper.as_bytes()).map(|s| s.name), Some(spec.name));
+        }
+        for unknown in [
+            &b""[..],
+            b"inc",
+            b"incrr",
+            b"leaf.decodes",
+            b"a-much-longer-name",
+        ] {
+            assert!(CommandId::resolve(unknown).is_none());
+        }
+    }
 }

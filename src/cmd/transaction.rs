@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{lossy, table, unknown_command, wrong_arity, Session};
+use super::table::{self, CommandId};
+use super::{lossy, unknown_command, wrong_arity, Session};
 use crate::app::App;
 use crate::protocol::Reply;
 
@@ -33,7 +34,7 @@ fn acts_immediately(name: &[u8]) -> bool {
 
 /// Inside MULTI, checks and queues `args` (returning `+QUEUED` or the error that will make EXEC
 /// abort); `None` when the command is not for the queue.
-pub(super) fn queue(app: &App, session: &mut Session, args: &[Bytes]) -> Option<Reply> {
+pub(super) fn queue(app: &App, session: &mut Session, args: &[&[u8]]) -> Option<Reply> {
     let name = args.first()?;
     if acts_immediately(name) {
         return None;
@@ -42,7 +43,7 @@ pub(super) fn queue(app: &App, session: &mut Session, args: &[Bytes]) -> Option<
     let refusal = match table::lookup(name) {
         None => Some(unknown_command(args)),
         Some(spec) if !spec.arity_ok(args.len()) => Some(wrong_arity(spec.name)),
-        Some(spec) if !session.authenticated && !spec.before_auth => {
+        Some(spec) if !session.authenticated && !spec.before_auth() => {
             Some(Reply::error(crate::auth::NOAUTH))
         }
         Some(_) if transaction.queued.len() >= app.config.server.max_multi_commands => {
@@ -59,7 +60,9 @@ pub(super) fn queue(app: &App, session: &mut Session, args: &[Bytes]) -> Option<
             error
         }
         None => {
-            transaction.queued.push(args.to_vec());
+            // Copied: the arguments live in the input buffer only until this reply.
+            let owned = args.iter().map(|arg| Bytes::copy_from_slice(arg)).collect();
+            transaction.queued.push(owned);
             Reply::Simple("QUEUED".into())
         }
     })
@@ -98,11 +101,12 @@ pub(super) async fn exec(app: &Arc<App>, session: &mut Session) -> Reply {
         return Reply::error("EXECABORT Transaction discarded because of previous errors.");
     }
     let mut replies = Vec::with_capacity(transaction.queued.len());
-    for args in transaction.queued {
-        // Checked when queued; looked up again only to reach the command's type.
-        let reply = match table::lookup(&args[0]) {
-            Some(spec) => super::run(spec, app, session, &args).await,
-            None => Reply::error(format!("ERR unknown command '{}'", lossy(&args[0]))),
+    for owned in transaction.queued {
+        let args: Vec<&[u8]> = owned.iter().map(|arg| &arg[..]).collect();
+        // Checked when queued; resolved again only to reach the command's type.
+        let reply = match CommandId::resolve(args[0]) {
+            Some(id) => super::run(id, app, session, &args).await,
+            None => Reply::error(format!("ERR unknown command '{}'", lossy(args[0]))),
         };
         replies.push(reply);
     }

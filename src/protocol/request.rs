@@ -1,8 +1,9 @@
 //! Request decoding: RESP multibulk arrays through redis-protocol, inline commands (telnet/nc)
 //! by hand, and the configured size limits checked before any large buffer can build up.
 
+#[cfg(test)]
 use bytes::{Bytes, BytesMut};
-use redis_protocol::resp2::{decode::decode_bytes_mut, types::BytesFrame};
+use redis_protocol::resp2::{decode::decode_range, types::RangeFrame};
 
 /// Upper bounds on what one request may contain; exceeding one is a protocol error.
 #[derive(Debug, Clone, Copy)]
@@ -55,31 +56,91 @@ pub struct RequestDecoder {
     limits: RequestLimits,
 }
 
+/// Arguments kept inline before a command's list moves to the heap: every hot command fits.
+const FEW_ARGS: usize = 8;
+
+/// One command's arguments, borrowed from the input buffer: decoding copies nothing.
+#[derive(Debug, Default)]
+pub struct Args<'b> {
+    few: [&'b [u8]; FEW_ARGS],
+    count: usize,
+    many: Vec<&'b [u8]>,
+}
+
+impl<'b> Args<'b> {
+    fn push(&mut self, arg: &'b [u8]) {
+        if self.count < FEW_ARGS {
+            self.few[self.count] = arg;
+        } else {
+            if self.many.is_empty() {
+                self.many.extend_from_slice(&self.few);
+            }
+            self.many.push(arg);
+        }
+        self.count += 1;
+    }
+}
+
+impl<'b> std::ops::Deref for Args<'b> {
+    type Target = [&'b [u8]];
+
+    fn deref(&self) -> &Self::Target {
+        if self.count <= FEW_ARGS {
+            &self.few[..self.count]
+        } else {
+            &self.many
+        }
+    }
+}
+
+/// What [`RequestDecoder::decode`] found at the front of a buffer.
+#[derive(Debug)]
+pub struct Decoded<'b> {
+    /// The next command, or `None` when more bytes are needed.
+    pub args: Option<Args<'b>>,
+    /// Bytes to drop from the front of the buffer once `args` is done with: the command and
+    /// any empty requests before it (those are dropped even when no command follows yet).
+    pub used: usize,
+}
+
 impl RequestDecoder {
     pub fn new(limits: RequestLimits) -> Self {
         Self { limits }
     }
 
-    /// Takes the next complete command off the front of `buf`. `Ok(None)` means more bytes are
-    /// needed. Empty requests (blank inline lines, `*0`) are consumed and skipped, as Redis does.
-    pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    /// Decodes the next complete command at the front of `buf` without consuming it: the
+    /// caller drops [`Decoded::used`] bytes once done with the arguments. Empty requests (blank
+    /// inline lines, `*0`) are skipped, as Redis does.
+    pub fn decode<'b>(&self, buf: &'b [u8]) -> Result<Decoded<'b>, ProtocolError> {
+        let mut used = 0;
         loop {
-            if buf.is_empty() {
-                return Ok(None);
+            let rest = &buf[used..];
+            if rest.is_empty() {
+                return Ok(Decoded { args: None, used });
             }
-            let decoded = if buf[0] == b'*' {
-                self.decode_multibulk(buf)?
+            let decoded = if rest[0] == b'*' {
+                self.decode_multibulk(rest)?
             } else {
-                self.decode_inline(buf)?
+                self.decode_inline(rest)?
             };
             match decoded {
-                Some(args) if args.is_empty() => continue,
-                other => return Ok(other),
+                Some((args, len)) if args.is_empty() => used += len,
+                Some((args, len)) => {
+                    return Ok(Decoded {
+                        args: Some(args),
+                        used: used + len,
+                    })
+                }
+                None => return Ok(Decoded { args: None, used }),
             }
         }
     }
 
-    fn decode_multibulk(&self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    /// A multibulk request: its arguments and length, or `None` while incomplete.
+    fn decode_multibulk<'b>(
+        &self,
+        buf: &'b [u8],
+    ) -> Result<Option<(Args<'b>, usize)>, ProtocolError> {
         let Some((count, header_len)) =
             parse_header_line(buf, 0, ProtocolError::InvalidMultibulkLength)?
         else {
@@ -89,32 +150,33 @@ impl RequestDecoder {
             return Err(ProtocolError::InvalidMultibulkLength);
         }
         if count <= 0 {
-            let _ = buf.split_to(header_len);
-            return Ok(Some(Vec::new()));
+            return Ok(Some((Args::default(), header_len)));
         }
-        if let Some(args) = self.decode_complete_bulk_array(buf, header_len, count as usize) {
-            return Ok(Some(args));
+        if let Some(complete) = self.decode_complete_bulk_array(buf, header_len, count as usize) {
+            return Ok(Some(complete));
         }
-        match decode_bytes_mut(buf) {
-            Ok(Some((BytesFrame::Array(items), _, _))) => {
-                let mut args = Vec::with_capacity(items.len());
+        match decode_range(buf) {
+            Ok(Some((RangeFrame::Array(items), len))) => {
+                let mut args = Args::default();
                 for item in items {
                     match item {
-                        BytesFrame::BulkString(arg) if arg.len() <= self.limits.max_bulk_len => {
-                            args.push(arg)
+                        RangeFrame::BulkString((start, end))
+                            if end - start <= self.limits.max_bulk_len =>
+                        {
+                            args.push(&buf[start..end])
                         }
-                        BytesFrame::BulkString(_) | BytesFrame::Null => {
+                        RangeFrame::BulkString(_) | RangeFrame::Null => {
                             return Err(ProtocolError::InvalidBulkLength)
                         }
-                        BytesFrame::SimpleString(_) => {
+                        RangeFrame::SimpleString(_) => {
                             return Err(ProtocolError::ExpectedBulk('+'))
                         }
-                        BytesFrame::Error(_) => return Err(ProtocolError::ExpectedBulk('-')),
-                        BytesFrame::Integer(_) => return Err(ProtocolError::ExpectedBulk(':')),
-                        BytesFrame::Array(_) => return Err(ProtocolError::ExpectedBulk('*')),
+                        RangeFrame::Error(_) => return Err(ProtocolError::ExpectedBulk('-')),
+                        RangeFrame::Integer(_) => return Err(ProtocolError::ExpectedBulk(':')),
+                        RangeFrame::Array(_) => return Err(ProtocolError::ExpectedBulk('*')),
                     }
                 }
-                Ok(Some(args))
+                Ok(Some((args, len)))
             }
             Ok(Some(_)) => Err(ProtocolError::InvalidMultibulkLength),
             Ok(None) => {
@@ -134,18 +196,18 @@ impl RequestDecoder {
     /// the limit checks, which produce the right answer or error. This path exists because the
     /// general decoder costs several times more per command (see `resp/decode_incr` in
     /// `benches/engines.rs`).
-    fn decode_complete_bulk_array(
+    fn decode_complete_bulk_array<'b>(
         &self,
-        buf: &mut BytesMut,
+        buf: &'b [u8],
         header_len: usize,
         count: usize,
-    ) -> Option<Vec<Bytes>> {
-        let mut spans = [(0usize, 0usize); 8];
-        if count > spans.len() {
+    ) -> Option<(Args<'b>, usize)> {
+        if count > FEW_ARGS {
             return None;
         }
+        let mut args = Args::default();
         let mut pos = header_len;
-        for span in spans.iter_mut().take(count) {
+        for _ in 0..count {
             if buf.get(pos) != Some(&b'$') {
                 return None;
             }
@@ -168,16 +230,10 @@ impl RequestDecoder {
             if buf.get(end) != Some(&b'\r') || buf.get(end + 1) != Some(&b'\n') {
                 return None;
             }
-            *span = (start, end);
+            args.push(&buf[start..end]);
             pos = end + 2;
         }
-        let frame = buf.split_to(pos).freeze();
-        Some(
-            spans[..count]
-                .iter()
-                .map(|&(start, end)| frame.slice(start..end))
-                .collect(),
-        )
+        Some((args, pos))
     }
 
     /// Validates the element headers that have arrived so far of an incomplete request, so a
@@ -206,7 +262,8 @@ impl RequestDecoder {
         Ok(())
     }
 
-    fn decode_inline(&self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    /// An inline (telnet-style) request: words separated by whitespace, up to a newline.
+    fn decode_inline<'b>(&self, buf: &'b [u8]) -> Result<Option<(Args<'b>, usize)>, ProtocolError> {
         let Some(newline) = buf.iter().position(|&b| b == b'\n') else {
             if buf.len() > self.limits.max_inline_len {
                 return Err(ProtocolError::InlineTooBig);
@@ -216,23 +273,15 @@ impl RequestDecoder {
         if newline > self.limits.max_inline_len {
             return Err(ProtocolError::InlineTooBig);
         }
-        let line = buf.split_to(newline + 1).freeze();
-        let mut args = Vec::new();
-        let mut start = None;
-        for (i, b) in line.iter().enumerate() {
-            match (b.is_ascii_whitespace(), start) {
-                (false, None) => start = Some(i),
-                (true, Some(s)) => {
-                    args.push(line.slice(s..i));
-                    start = None;
-                }
-                _ => {}
-            }
+        let line = &buf[..newline + 1];
+        let mut args = Args::default();
+        for word in line
+            .split(|b| b.is_ascii_whitespace())
+            .filter(|word| !word.is_empty())
+        {
+            args.push(word);
         }
-        if let Some(s) = start {
-            args.push(line.slice(s..));
-        }
-        Ok(Some(args))
+        Ok(Some((args, newline + 1)))
     }
 }
 
@@ -259,6 +308,20 @@ fn parse_header_line(
     Ok(Some((value, newline + 1)))
 }
 
+/// The next command copied out of `buf`, its bytes consumed: what the tests compare.
+#[cfg(test)]
+fn decode_owned(
+    decoder: &RequestDecoder,
+    buf: &mut BytesMut,
+) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    let decoded = decoder.decode(buf)?;
+    let args = decoded
+        .args
+        .map(|args| args.iter().map(|a| Bytes::copy_from_slice(a)).collect());
+    let _ = buf.split_to(decoded.used);
+    Ok(args)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,7 +331,7 @@ mod tests {
         let mut buf = BytesMut::from(input);
         let mut out = Vec::new();
         loop {
-            match decoder.decode(&mut buf) {
+            match decode_owned(&decoder, &mut buf) {
                 Ok(Some(args)) => out.push(args),
                 Ok(None) => return (out, Ok(()), buf.len()),
                 Err(e) => return (out, Err(e), buf.len()),
@@ -352,9 +415,9 @@ mod tests {
         for cut in 1..whole.len() {
             let decoder = RequestDecoder::default();
             let mut buf = BytesMut::from(&whole[..cut]);
-            assert_eq!(decoder.decode(&mut buf), Ok(None), "cut at {cut}");
+            assert_eq!(decode_owned(&decoder, &mut buf), Ok(None), "cut at {cut}");
             buf.extend_from_slice(&whole[cut..]);
-            let args = decoder.decode(&mut buf).unwrap().unwrap();
+            let args = decode_owned(&decoder, &mut buf).unwrap().unwrap();
             assert_eq!(args, vec![Bytes::from("INCR"), Bytes::from("segment:abc")]);
         }
     }
@@ -435,7 +498,7 @@ mod robustness {
                 offset += chunk;
                 loop {
                     let before = buf.len();
-                    match decoder.decode(&mut buf) {
+                    match decode_owned(&decoder, &mut buf) {
                         Ok(Some(args)) => {
                             assert!(!args.is_empty());
                             assert!(buf.len() < before, "a decoded command consumes input");

@@ -5,9 +5,9 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
@@ -111,39 +111,44 @@ pub(crate) async fn serve(
     // trickling a partial frame (slowloris) is closed like a silent one.
     let mut last_command = tokio::time::Instant::now();
     let mut batch = BatchMetrics::default();
+    let timed = app.metrics.enabled();
     loop {
         // Run every complete command already received; replies keep their order.
-        let mut started = Instant::now();
+        if timed {
+            batch.start();
+        }
         let mut executed = 0u64;
         let mut close = false;
         loop {
-            match decoder.decode(&mut input) {
-                Ok(Some(args)) => {
-                    executed += 1;
-                    let (reply, finished) =
-                        cmd::execute(app, &mut session, args, started, &mut batch).await;
-                    started = finished;
-                    if !session.silent {
-                        reply.encode(session.protocol, &mut output);
-                    }
-                    if session.closing {
-                        close = true;
-                        break;
-                    }
-                    if output.len() >= FLUSH_THRESHOLD {
-                        if !write_out(&mut stream, &output, write_timeout).await {
-                            return;
-                        }
-                        output.clear();
-                    }
-                }
-                Ok(None) => break,
+            let decoded = match decoder.decode(&input) {
+                Ok(decoded) => decoded,
                 Err(e) => {
                     Reply::error(format!("ERR {e}")).encode(session.protocol, &mut output);
                     tracing::debug!(client = session.id, error = %e, "closing connection after protocol error");
                     close = true;
                     break;
                 }
+            };
+            let Some(args) = decoded.args else {
+                input.advance(decoded.used);
+                break;
+            };
+            executed += 1;
+            let reply = cmd::execute(app, &mut session, &args, &mut batch).await;
+            drop(args);
+            input.advance(decoded.used);
+            if !session.silent {
+                reply.encode(session.protocol, &mut output);
+            }
+            if session.closing {
+                close = true;
+                break;
+            }
+            if output.len() >= FLUSH_THRESHOLD {
+                if !write_out(&mut stream, &output, write_timeout).await {
+                    return;
+                }
+                output.clear();
             }
         }
         // Shared counters are updated once per batch, not per command.
