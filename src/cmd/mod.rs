@@ -91,16 +91,22 @@ pub async fn execute(
     let mut waited = false;
     let reply = match (queued, id) {
         (Some(reply), _) => reply,
-        (None, Some(id)) => {
-            let mut command = std::pin::pin!(run(id, app, session, args));
-            // Whether it waited decides how it is timed (see BatchMetrics).
-            std::future::poll_fn(|cx| {
-                let poll = command.as_mut().poll(cx);
-                waited |= poll.is_pending();
-                poll
-            })
-            .await
-        }
+        (None, Some(id)) => match admit(id.spec(), session, args.len()) {
+            Err(refusal) => refusal,
+            Ok(()) => match answer_at_once(id, app, args) {
+                Some(reply) => reply,
+                None => {
+                    let mut command = std::pin::pin!(run(id, app, session, args));
+                    // Whether it waited decides how it is timed (see BatchMetrics).
+                    std::future::poll_fn(|cx| {
+                        let poll = command.as_mut().poll(cx);
+                        waited |= poll.is_pending();
+                        poll
+                    })
+                    .await
+                }
+            },
+        },
         (None, None) => unknown_command(args),
     };
     if let (Some(id), true) = (id, app.metrics.enabled()) {
@@ -109,14 +115,33 @@ pub async fn execute(
     reply
 }
 
-async fn run(id: CommandId, app: &Arc<App>, session: &mut Session, args: &[&[u8]]) -> Reply {
-    let spec = id.spec();
-    if !spec.arity_ok(args.len()) {
-        return wrong_arity(spec.name);
+/// Whether this client may run the command with `argc` arguments: the arity, then NOAUTH.
+fn admit(spec: &table::CommandSpec, session: &Session, argc: usize) -> Result<(), Reply> {
+    if !spec.arity_ok(argc) {
+        return Err(wrong_arity(spec.name));
     }
     if !session.authenticated && !spec.before_auth() {
-        return Reply::error(crate::auth::NOAUTH);
+        return Err(Reply::error(crate::auth::NOAUTH));
     }
+    Ok(())
+}
+
+/// The hot commands' replies when their engine has the ID at hand, as [`run`] would give
+/// them, without building a command future; `None` sends the command to `run`.
+fn answer_at_once(id: CommandId, app: &Arc<App>, args: &[&[u8]]) -> Option<Reply> {
+    match id {
+        CommandId::Incr if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
+            snowflake::next_at_once(app)
+        }
+        CommandId::Incr => segment::Incr::parse(args).ok()?.apply_at_once(app),
+        CommandId::Snowflake if args.len() == 1 => snowflake::next_at_once(app),
+        _ => None,
+    }
+}
+
+/// Runs an admitted command (see [`admit`]).
+async fn run(id: CommandId, app: &Arc<App>, session: &mut Session, args: &[&[u8]]) -> Reply {
+    let spec = id.spec();
     use CommandId::*;
     match id {
         Incr if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {

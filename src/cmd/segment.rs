@@ -31,6 +31,11 @@ impl<'a> Incr<'a> {
         })
     }
 
+    /// The reply when the tag's buffer has the ID at hand (nearly always), without waiting.
+    pub fn apply_at_once(&self, app: &Arc<App>) -> Option<Reply> {
+        app.segments.try_next_ids(self.tag, 1).map(Reply::Integer)
+    }
+
     pub async fn apply(self, app: &Arc<App>) -> Reply {
         match app.segments.next_ids(self.tag, 1).await {
             Ok(id) => Reply::Integer(id),

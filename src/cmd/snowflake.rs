@@ -41,6 +41,15 @@ pub async fn next(app: &Arc<App>) -> Reply {
     }
 }
 
+/// [`next`] when the ID can be issued without waiting (nearly always); `None` otherwise.
+pub fn next_at_once(app: &App) -> Option<Reply> {
+    let engine = app.snowflake.as_ref()?;
+    match engine.try_next_id() {
+        Ok(id) => id.map(Reply::Integer),
+        Err(e) => Some(snowflake_error(&e)),
+    }
+}
+
 /// `SNOWFLAKE [n]`: one integer, or an array of n strictly increasing IDs.
 pub async fn snowflake(args: &[&[u8]], app: &Arc<App>) -> Reply {
     let Some(count) = args.get(1) else {

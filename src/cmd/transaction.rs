@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::table::{self, CommandId};
-use super::{lossy, unknown_command, wrong_arity, Session};
+use super::{lossy, unknown_command, Session};
 use crate::app::App;
 use crate::protocol::Reply;
 
@@ -39,21 +39,19 @@ pub(super) fn queue(app: &App, session: &mut Session, args: &[&[u8]]) -> Option<
     if acts_immediately(name) {
         return None;
     }
-    let transaction = session.transaction.as_mut()?;
+    let queued = session.transaction.as_ref()?.queued.len();
+    let limit = app.config.server.max_multi_commands;
     let refusal = match table::lookup(name) {
         None => Some(unknown_command(args)),
-        Some(spec) if !spec.arity_ok(args.len()) => Some(wrong_arity(spec.name)),
-        Some(spec) if !session.authenticated && !spec.before_auth() => {
-            Some(Reply::error(crate::auth::NOAUTH))
-        }
-        Some(_) if transaction.queued.len() >= app.config.server.max_multi_commands => {
-            Some(Reply::error(format!(
-                "ERR MULTI queue is full ({} commands, server.max_multi_commands)",
-                app.config.server.max_multi_commands
-            )))
-        }
-        Some(_) => None,
+        Some(spec) => match super::admit(spec, session, args.len()) {
+            Err(refusal) => Some(refusal),
+            Ok(()) if queued >= limit => Some(Reply::error(format!(
+                "ERR MULTI queue is full ({limit} commands, server.max_multi_commands)"
+            ))),
+            Ok(()) => None,
+        },
     };
+    let transaction = session.transaction.as_mut()?;
     Some(match refusal {
         Some(error) => {
             transaction.aborted = true;

@@ -207,6 +207,16 @@ impl SegmentEngine {
         self.tags.load().len()
     }
 
+    /// [`SegmentEngine::next_ids`] when the tag's buffers hold the IDs, without waiting and
+    /// without building a future; `None` when that would need the tag list or the database.
+    pub fn try_next_ids(self: &Arc<Self>, tag: &str, n: i64) -> Option<i64> {
+        if n < 1 {
+            return None;
+        }
+        let tags = self.tags.load();
+        self.take_from_buffers(tags.get(tag)?, n)
+    }
+
     /// Hands out `n` contiguous IDs of `tag` and returns the last one (the caller owns
     /// `last - n + 1 ..= last`). Waits for storage only when both buffers are used up.
     pub async fn next_ids(self: &Arc<Self>, tag: &str, n: i64) -> Result<i64, SegmentError> {

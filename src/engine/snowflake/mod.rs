@@ -238,6 +238,22 @@ impl SnowflakeEngine {
         Ok(ids)
     }
 
+    /// One ID if it can be issued at once; `Ok(None)` when [`SnowflakeEngine::next_id`] would
+    /// have to wait (the millisecond's sequence is used up, the clock is behind, the limit).
+    pub fn try_next_id(&self) -> Result<Option<i64>, SnowflakeError> {
+        Ok(match self.reserve(1)? {
+            Reserved::Ids {
+                timestamp,
+                first_sequence,
+                ..
+            } => Some(
+                self.layout
+                    .encode(timestamp, self.worker_id, first_sequence),
+            ),
+            _ => None,
+        })
+    }
+
     /// One ID, without the allocation of a batch.
     pub async fn next_id(&self) -> Result<i64, SnowflakeError> {
         match self.reserve(1)? {
