@@ -96,7 +96,9 @@ pub async fn execute(
             Ok(()) => match answer_at_once(id, app, args) {
                 Some(reply) => reply,
                 None => {
-                    let mut command = std::pin::pin!(run(id, app, session, args));
+                    // Boxed: only commands that may wait get here, and a future held inline
+                    // would be part of every connection's memory, idle or not.
+                    let mut command = Box::pin(run(id, app, session, args));
                     // Whether it waited decides how it is timed (see BatchMetrics).
                     std::future::poll_fn(|cx| {
                         let poll = command.as_mut().poll(cx);

@@ -226,8 +226,9 @@ mod tests {
         let peer = stream.local_addr().unwrap();
         let serve = super::connection::serve(stream, peer, &app, Default::default());
         let bytes = future_size(&serve);
+        // 1,400 bytes when written: the command future of anything that may wait is boxed.
         assert!(
-            bytes <= 2048,
+            bytes <= 1536,
             "a plain connection's future takes {bytes} bytes"
         );
     }
