@@ -740,6 +740,22 @@ mod tests {
     }
 
     #[test]
+    fn io_threads_default_to_half_the_cores_and_are_bounded() {
+        let mut cfg = Config::from_toml("[server]\nio_threads = 3").unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.server.effective_io_threads(), 3);
+        cfg.server.io_threads = 0;
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(cfg.server.effective_io_threads(), (cores / 2).max(1));
+        cfg.server.io_threads = 5000;
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("server.io_threads must be at most 1024"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn plaintext_listener_may_be_off_only_with_a_tls_listener() {
         let mut cfg = Config::from_toml("[server]\nbind = \"\"").unwrap();
         let err = cfg.validate().unwrap_err().to_string();

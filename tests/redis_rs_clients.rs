@@ -79,3 +79,56 @@ async fn connection_manager_fetches_ids() {
     assert!(as_string.parse::<i64>().unwrap() > *ids.last().unwrap());
     server.stop().await;
 }
+
+/// Connections dealt over several connection threads share one engine: every ID unique, each
+/// connection's IDs increasing, while small segments make the threads load new ones all the time
+/// (the loads run on the application's runtime, which here is the test's own).
+#[tokio::test]
+async fn connections_on_several_io_threads_share_the_engines() {
+    let mut config = Config::default();
+    config.server.io_threads = 3;
+    let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await;
+    let mut admin = server.client().await;
+    let _: String = redis::cmd("LEAF.TAG")
+        .arg("CREATE")
+        .arg("threads")
+        .arg(7)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..9 {
+        // A connection each (not one multiplexed): nine connections land on three threads.
+        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        tasks.push(tokio::spawn(async move {
+            let (mut segment, mut snowflake) = (Vec::new(), Vec::new());
+            for i in 0..300 {
+                let id: i64 = if i % 10 == 0 {
+                    con.incr("segment:threads", 3).await.unwrap()
+                } else {
+                    con.incr("segment:threads", 1).await.unwrap()
+                };
+                segment.push(id);
+                let id: i64 = redis::cmd("SNOWFLAKE").query_async(&mut con).await.unwrap();
+                snowflake.push(id);
+            }
+            (segment, snowflake)
+        }));
+    }
+    let mut seen = HashSet::new();
+    for task in tasks {
+        let (segment, snowflake) = task.await.unwrap();
+        for ids in [&segment, &snowflake] {
+            assert!(
+                ids.windows(2).all(|w| w[0] < w[1]),
+                "one connection's IDs increase"
+            );
+            for &id in ids {
+                assert!(seen.insert(id), "duplicate {id}");
+            }
+        }
+    }
+    assert_eq!(seen.len(), 9 * 600);
+    server.stop().await;
+}

@@ -112,6 +112,9 @@ pub(crate) async fn serve(
     let mut last_command = tokio::time::Instant::now();
     let mut batch = BatchMetrics::default();
     let timed = app.metrics.enabled();
+    // Made once: a new wait per read would join and leave the token's waiter list each time.
+    let stopped = stop.cancelled();
+    tokio::pin!(stopped);
     loop {
         // Run every complete command already received; replies keep their order.
         if timed {
@@ -157,7 +160,9 @@ pub(crate) async fn serve(
             app.stats
                 .total_commands
                 .fetch_add(executed, Ordering::Relaxed);
-            last_command = tokio::time::Instant::now();
+            if idle_timeout.is_some() {
+                last_command = tokio::time::Instant::now();
+            }
         }
         if !output.is_empty() && !write_out(&mut stream, &output, write_timeout).await {
             return;
@@ -181,7 +186,7 @@ pub(crate) async fn serve(
         };
         tokio::select! {
             biased;
-            _ = stop.cancelled() => {
+            _ = &mut stopped => {
                 close_gracefully(stream).await;
                 return;
             }

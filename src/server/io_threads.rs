@@ -74,3 +74,41 @@ impl IoThreads {
         .await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+
+    use super::IoThreads;
+
+    #[tokio::test]
+    async fn jobs_are_dealt_over_the_threads_which_end_on_stop() {
+        let threads = IoThreads::start(3).unwrap();
+        let names = Arc::new(Mutex::new(Vec::new()));
+        let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
+        for _ in 0..6 {
+            let names = names.clone();
+            let done = done.clone();
+            threads.spawn(move || async move {
+                // Inside the thread's own runtime: what a connection registers lands here.
+                tokio::task::yield_now().await;
+                let name = std::thread::current().name().unwrap_or("").to_string();
+                names.lock().unwrap().push(name);
+                let _ = done.send(());
+            });
+        }
+        for _ in 0..6 {
+            finished.recv().await.unwrap();
+        }
+        let names = names.lock().unwrap().clone();
+        let distinct: HashSet<_> = names.iter().cloned().collect();
+        let expected: HashSet<_> = (0..3).map(|i| format!("leafd-io-{i}")).collect();
+        assert_eq!(distinct, expected, "six jobs over three threads: {names:?}");
+        // A job that never ends is dropped with its thread's runtime at stop.
+        threads.spawn(std::future::pending);
+        tokio::time::timeout(std::time::Duration::from_secs(5), threads.stop())
+            .await
+            .expect("the threads stop");
+    }
+}
