@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs (Debian's packages) and starts on 127.0.0.1 the servers the tests and benchmarks use:
-# PostgreSQL :5432, MariaDB :3306, redis-server :6379 (the benchmark peer). Idempotent: a server
+# PostgreSQL :5432, MariaDB :3306, redis-server :6379 (the benchmark peer), plus the tools of
+# the fault tests and bench/floor.sh (faketime, tmux, gcc, liburing-dev). Idempotent: a server
 # already answering is left alone. Test-only credentials: postgres and root need no password
 # over loopback. ZooKeeper and Prometheus are started by the tests themselves.
 #   scripts/services.sh
@@ -13,10 +14,12 @@ wait_port() {
   return 1
 }
 apt_updated=0
-need() { # need COMMAND PACKAGE...
-  command -v "$1" >/dev/null && return 0
+apt_install() { # apt_install PACKAGE...
   [ "$apt_updated" = 1 ] || { apt-get update -qq; apt_updated=1; }
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${@:2}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+need() { # need COMMAND PACKAGE...
+  command -v "$1" >/dev/null || apt_install "${@:2}"
 }
 
 # PostgreSQL: the machine may have the package; create a cluster if there is none.
@@ -58,4 +61,7 @@ fi
 # Tools the tests drive: faketime (clock steps across restarts), tmux (interactive redis-cli).
 need faketime faketime
 need tmux tmux
+# bench/floor.sh builds its measuring sticks with gcc, the io_uring one against liburing.
+need gcc gcc libc6-dev
+[ -r /usr/include/liburing.h ] || apt_install liburing-dev
 echo "PostgreSQL, MariaDB and redis-server answer on 127.0.0.1"
