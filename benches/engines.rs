@@ -13,7 +13,7 @@ use leafd::engine::clock::SystemClock;
 use leafd::engine::segment::{SegmentEngine, SegmentSettings};
 use leafd::engine::snowflake::{Attempt, IssueLimit, Layout, SnowflakeEngine};
 use leafd::metrics::Metrics;
-use leafd::protocol::{Reply, RequestDecoder, RespVersion};
+use leafd::protocol::{Args, Reply, RequestDecoder, RespVersion};
 use leafd::storage::MemoryStore;
 
 /// Polls a future that is expected to be ready at once (an ID from a loaded segment).
@@ -138,7 +138,10 @@ fn resp(c: &mut Criterion) {
     let decoder = RequestDecoder::default();
     let frame = b"*2\r\n$4\r\nINCR\r\n$13\r\nsegment:order\r\n";
     c.bench_function("resp/decode_incr", |b| {
-        b.iter(|| decoder.decode(&frame[..]).unwrap().used)
+        b.iter(|| {
+            let mut args = Args::default();
+            decoder.decode(&frame[..], &mut args).unwrap()
+        })
     });
     let mut out = BytesMut::with_capacity(1 << 16);
     c.bench_function("resp/encode_integer", |b| {

@@ -4,7 +4,7 @@
 #![no_main]
 
 use bytes::BytesMut;
-use leafd::protocol::{RequestDecoder, RequestLimits};
+use leafd::protocol::{Args, RequestDecoder, RequestLimits};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -22,21 +22,21 @@ fuzz_target!(|data: &[u8]| {
     for piece in data.chunks(chunk) {
         buf.extend_from_slice(piece);
         loop {
-            match decoder.decode(&buf) {
-                Ok(decoded) => {
-                    let used = decoded.used;
-                    let Some(args) = decoded.args else {
-                        assert!(buf.len() - used <= limits.max_request_len + 64);
-                        let _ = buf.split_to(used);
-                        break;
-                    };
-                    assert!(!args.is_empty());
-                    assert!(used > 0 && used <= buf.len(), "a command consumes input");
-                    let _ = leafd::cmd::table::lookup(args[0]);
-                    let _ = buf.split_to(used);
-                }
-                Err(_) => return,
+            let mut args = Args::default();
+            let Ok(used) = decoder.decode(&buf, &mut args) else {
+                return;
+            };
+            assert!(used <= buf.len());
+            if args.is_empty() {
+                assert!(buf.len() - used <= limits.max_request_len + 64);
+                drop(args);
+                let _ = buf.split_to(used);
+                break;
             }
+            assert!(used > 0, "a command consumes input");
+            let _ = leafd::cmd::table::lookup(args[0]);
+            drop(args);
+            let _ = buf.split_to(used);
         }
     }
 });

@@ -11,7 +11,7 @@ use leafd::cmd::{self, Session};
 use leafd::config::Config;
 use leafd::engine::clock::SystemClock;
 use leafd::metrics::BatchMetrics;
-use leafd::protocol::{RequestDecoder, RequestLimits, RespVersion};
+use leafd::protocol::{Args, RequestDecoder, RequestLimits, RespVersion};
 use leafd::storage::MemoryStore;
 use libfuzzer_sys::fuzz_target;
 
@@ -51,17 +51,18 @@ fuzz_target!(|data: &[u8]| {
         let mut input = BytesMut::from(data);
         let mut out = BytesMut::new();
         for _ in 0..MAX_COMMANDS {
-            let Ok(decoded) = decoder.decode(&input) else {
+            let mut args = Args::default();
+            let Ok(used) = decoder.decode(&input, &mut args) else {
                 break;
             };
-            let Some(args) = decoded.args else {
+            if args.is_empty() {
                 break;
-            };
+            }
             batch.start();
             let reply = cmd::execute(&app, &mut session, &args, &mut batch).await;
             batch.flush(&app.metrics);
             drop(args);
-            input.advance(decoded.used);
+            input.advance(used);
             reply.encode(RespVersion::Resp2, &mut out);
             reply.encode(RespVersion::Resp3, &mut out);
             out.clear();

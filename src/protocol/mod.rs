@@ -5,4 +5,4 @@ mod reply;
 mod request;
 
 pub use reply::{Reply, RespVersion};
-pub use request::{Args, Decoded, ProtocolError, RequestDecoder, RequestLimits};
+pub use request::{Args, ProtocolError, RequestDecoder, RequestLimits};

@@ -76,10 +76,15 @@ impl Reply {
         if let Reply::Integer(value) = self {
             // The reply of every ID command, written directly: `:<n>\r\n` is the same in RESP2
             // and RESP3, and this costs a fraction of building a frame (`resp/encode_integer`).
+            // One copy into the buffer, not three: for replies this small the copies' overhead
+            // is most of the cost.
             let mut digits = itoa::Buffer::new();
-            buf.extend_from_slice(b":");
-            buf.extend_from_slice(digits.format(*value).as_bytes());
-            buf.extend_from_slice(b"\r\n");
+            let digits = digits.format(*value).as_bytes();
+            let mut line = [0u8; 24];
+            line[0] = b':';
+            line[1..1 + digits.len()].copy_from_slice(digits);
+            line[1 + digits.len()..3 + digits.len()].copy_from_slice(b"\r\n");
+            buf.extend_from_slice(&line[..3 + digits.len()]);
             return;
         }
         let result = match version {

@@ -57,7 +57,7 @@ pub struct RequestDecoder {
 }
 
 /// Arguments kept inline before a command's list moves to the heap: every hot command fits.
-const FEW_ARGS: usize = 8;
+const FEW_ARGS: usize = 4;
 
 /// One command's arguments, borrowed from the input buffer: decoding copies nothing.
 #[derive(Debug, Default)]
@@ -68,6 +68,11 @@ pub struct Args<'b> {
 }
 
 impl<'b> Args<'b> {
+    fn clear(&mut self) {
+        self.count = 0;
+        self.many.clear();
+    }
+
     fn push(&mut self, arg: &'b [u8]) {
         if self.count < FEW_ARGS {
             self.few[self.count] = arg;
@@ -93,71 +98,62 @@ impl<'b> std::ops::Deref for Args<'b> {
     }
 }
 
-/// What [`RequestDecoder::decode`] found at the front of a buffer.
-#[derive(Debug)]
-pub struct Decoded<'b> {
-    /// The next command, or `None` when more bytes are needed.
-    pub args: Option<Args<'b>>,
-    /// Bytes to drop from the front of the buffer once `args` is done with: the command and
-    /// any empty requests before it (those are dropped even when no command follows yet).
-    pub used: usize,
-}
-
 impl RequestDecoder {
     pub fn new(limits: RequestLimits) -> Self {
         Self { limits }
     }
 
-    /// Decodes the next complete command at the front of `buf` without consuming it: the
-    /// caller drops [`Decoded::used`] bytes once done with the arguments. Empty requests (blank
-    /// inline lines, `*0`) are skipped, as Redis does.
-    pub fn decode<'b>(&self, buf: &'b [u8]) -> Result<Decoded<'b>, ProtocolError> {
+    /// Decodes the next complete command at the front of `buf` into `args` (which must be
+    /// empty) without consuming anything: `args` stays empty while more bytes are needed. Returns
+    /// how many bytes to drop from the front of the buffer once done with `args`: the command
+    /// and any empty requests before it (blank inline lines, `*0`, skipped as Redis does), which
+    /// are dropped even when no command follows yet.
+    pub fn decode<'b>(&self, buf: &'b [u8], args: &mut Args<'b>) -> Result<usize, ProtocolError> {
         let mut used = 0;
-        loop {
+        while let Some(&first) = buf.get(used) {
             let rest = &buf[used..];
-            if rest.is_empty() {
-                return Ok(Decoded { args: None, used });
-            }
-            let decoded = if rest[0] == b'*' {
-                self.decode_multibulk(rest)?
+            let decoded = if first == b'*' {
+                self.decode_multibulk(rest, args)?
             } else {
-                self.decode_inline(rest)?
+                self.decode_inline(rest, args)?
             };
             match decoded {
-                Some((args, len)) if args.is_empty() => used += len,
-                Some((args, len)) => {
-                    return Ok(Decoded {
-                        args: Some(args),
-                        used: used + len,
-                    })
-                }
-                None => return Ok(Decoded { args: None, used }),
+                Some(len) => used += len,
+                None => break,
+            }
+            if !args.is_empty() {
+                break;
             }
         }
+        Ok(used)
     }
 
-    /// A multibulk request: its arguments and length, or `None` while incomplete.
+    /// A multibulk request into `args`: its length, or `None` while incomplete.
     fn decode_multibulk<'b>(
         &self,
         buf: &'b [u8],
-    ) -> Result<Option<(Args<'b>, usize)>, ProtocolError> {
-        let Some((count, header_len)) =
-            parse_header_line(buf, 0, ProtocolError::InvalidMultibulkLength)?
-        else {
+        args: &mut Args<'b>,
+    ) -> Result<Option<usize>, ProtocolError> {
+        // `*<digit>\r\n`, the header of every command clients send, read without the general
+        // header parser.
+        let header = match buf.get(..4) {
+            Some(&[b'*', digit @ b'1'..=b'9', b'\r', b'\n']) => Some((i64::from(digit - b'0'), 4)),
+            _ => parse_header_line(buf, 0, ProtocolError::InvalidMultibulkLength)?,
+        };
+        let Some((count, header_len)) = header else {
             return Ok(None);
         };
         if count > self.limits.max_array_len as i64 {
             return Err(ProtocolError::InvalidMultibulkLength);
         }
         if count <= 0 {
-            return Ok(Some((Args::default(), header_len)));
+            return Ok(Some(header_len));
         }
-        if let Some(complete) = self.decode_complete_bulk_array(buf, header_len, count as usize) {
-            return Ok(Some(complete));
+        if let Some(len) = self.decode_complete_bulk_array(buf, header_len, count as usize, args) {
+            return Ok(Some(len));
         }
         match decode_range(buf) {
             Ok(Some((RangeFrame::Array(items), len))) => {
-                let mut args = Args::default();
                 for item in items {
                     match item {
                         RangeFrame::BulkString((start, end))
@@ -176,7 +172,7 @@ impl RequestDecoder {
                         RangeFrame::Array(_) => return Err(ProtocolError::ExpectedBulk('*')),
                     }
                 }
-                Ok(Some((args, len)))
+                Ok(Some(len))
             }
             Ok(Some(_)) => Err(ProtocolError::InvalidMultibulkLength),
             Ok(None) => {
@@ -201,11 +197,26 @@ impl RequestDecoder {
         buf: &'b [u8],
         header_len: usize,
         count: usize,
-    ) -> Option<(Args<'b>, usize)> {
+        args: &mut Args<'b>,
+    ) -> Option<usize> {
+        let len = self.split_bulk_array(buf, header_len, count, args);
+        if len.is_none() {
+            args.clear();
+        }
+        len
+    }
+
+    /// [`RequestDecoder::decode_complete_bulk_array`] before it leaves `args` empty on failure.
+    fn split_bulk_array<'b>(
+        &self,
+        buf: &'b [u8],
+        header_len: usize,
+        count: usize,
+        args: &mut Args<'b>,
+    ) -> Option<usize> {
         if count > FEW_ARGS {
             return None;
         }
-        let mut args = Args::default();
         let mut pos = header_len;
         for _ in 0..count {
             if buf.get(pos) != Some(&b'$') {
@@ -219,21 +230,19 @@ impl RequestDecoder {
                     .checked_add(usize::from(digit - b'0'))?;
                 i += 1;
             }
-            if i == pos + 1 || buf.get(i) != Some(&b'\r') || buf.get(i + 1) != Some(&b'\n') {
-                return None;
-            }
-            if len > self.limits.max_bulk_len {
+            if i == pos + 1 || buf.get(i..i + 2) != Some(b"\r\n") || len > self.limits.max_bulk_len
+            {
                 return None;
             }
             let start = i + 2;
             let end = start.checked_add(len)?;
-            if buf.get(end) != Some(&b'\r') || buf.get(end + 1) != Some(&b'\n') {
+            if buf.get(end..end + 2) != Some(b"\r\n") {
                 return None;
             }
             args.push(&buf[start..end]);
             pos = end + 2;
         }
-        Some((args, pos))
+        Some(pos)
     }
 
     /// Validates the element headers that have arrived so far of an incomplete request, so a
@@ -262,8 +271,13 @@ impl RequestDecoder {
         Ok(())
     }
 
-    /// An inline (telnet-style) request: words separated by whitespace, up to a newline.
-    fn decode_inline<'b>(&self, buf: &'b [u8]) -> Result<Option<(Args<'b>, usize)>, ProtocolError> {
+    /// An inline (telnet-style) request into `args`: words separated by whitespace, up to a
+    /// newline. Its length, or `None` while incomplete.
+    fn decode_inline<'b>(
+        &self,
+        buf: &'b [u8],
+        args: &mut Args<'b>,
+    ) -> Result<Option<usize>, ProtocolError> {
         let Some(newline) = buf.iter().position(|&b| b == b'\n') else {
             if buf.len() > self.limits.max_inline_len {
                 return Err(ProtocolError::InlineTooBig);
@@ -273,15 +287,13 @@ impl RequestDecoder {
         if newline > self.limits.max_inline_len {
             return Err(ProtocolError::InlineTooBig);
         }
-        let line = &buf[..newline + 1];
-        let mut args = Args::default();
-        for word in line
+        for word in buf[..newline + 1]
             .split(|b| b.is_ascii_whitespace())
             .filter(|word| !word.is_empty())
         {
             args.push(word);
         }
-        Ok(Some((args, newline + 1)))
+        Ok(Some(newline + 1))
     }
 }
 
@@ -303,9 +315,35 @@ fn parse_header_line(
     if newline < 2 || window[newline - 1] != b'\r' {
         return Err(invalid);
     }
-    let digits = std::str::from_utf8(&window[1..newline - 1]).map_err(|_| invalid.clone())?;
-    let value = digits.parse::<i64>().map_err(|_| invalid)?;
+    let value = parse_decimal(&window[1..newline - 1]).ok_or(invalid)?;
     Ok(Some((value, newline + 1)))
+}
+
+/// An optionally negative decimal that fits an `i64`, as `str::parse` reads it but without
+/// the UTF-8 check and the generality: a header is one to twenty ASCII digits.
+fn parse_decimal(text: &[u8]) -> Option<i64> {
+    let (negative, digits) = match text.split_first()? {
+        (b'-', rest) => (true, rest),
+        (b'+', rest) => (false, rest),
+        _ => (false, text),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut value: i64 = 0;
+    for &digit in digits {
+        let digit = i64::from(digit.wrapping_sub(b'0'));
+        if digit > 9 {
+            return None;
+        }
+        value = value.checked_mul(10)?;
+        value = if negative {
+            value.checked_sub(digit)?
+        } else {
+            value.checked_add(digit)?
+        };
+    }
+    Some(value)
 }
 
 /// The next command copied out of `buf`, its bytes consumed: what the tests compare.
@@ -314,12 +352,13 @@ fn decode_owned(
     decoder: &RequestDecoder,
     buf: &mut BytesMut,
 ) -> Result<Option<Vec<Bytes>>, ProtocolError> {
-    let decoded = decoder.decode(buf)?;
-    let args = decoded
-        .args
-        .map(|args| args.iter().map(|a| Bytes::copy_from_slice(a)).collect());
-    let _ = buf.split_to(decoded.used);
-    Ok(args)
+    let mut args = Args::default();
+    let used = decoder.decode(buf, &mut args)?;
+    let owned =
+        (!args.is_empty()).then(|| args.iter().map(|a| Bytes::copy_from_slice(a)).collect());
+    drop(args);
+    let _ = buf.split_to(used);
+    Ok(owned)
 }
 
 #[cfg(test)]
@@ -419,6 +458,28 @@ mod tests {
             buf.extend_from_slice(&whole[cut..]);
             let args = decode_owned(&decoder, &mut buf).unwrap().unwrap();
             assert_eq!(args, vec![Bytes::from("INCR"), Bytes::from("segment:abc")]);
+        }
+    }
+
+    #[test]
+    fn header_numbers_read_as_str_parse_reads_them() {
+        for text in [
+            "0",
+            "7",
+            "-1",
+            "+5",
+            "123456789",
+            "9223372036854775807",
+            "-9223372036854775808",
+        ] {
+            assert_eq!(
+                parse_decimal(text.as_bytes()),
+                text.parse::<i64>().ok(),
+                "{text}"
+            );
+        }
+        for text in ["", "-", "+", "1a", " 1", "9223372036854775808", "--1", "1-"] {
+            assert_eq!(parse_decimal(text.as_bytes()), None, "{text:?}");
         }
     }
 

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::app::App;
 use crate::cmd::{self, Session};
 use crate::metrics::BatchMetrics;
-use crate::protocol::{Reply, RequestDecoder};
+use crate::protocol::{Args, Reply, RequestDecoder};
 
 /// Bytes reserved for each read from the socket.
 const READ_CHUNK: usize = 4096;
@@ -123,8 +123,9 @@ pub(crate) async fn serve(
         let mut executed = 0u64;
         let mut close = false;
         loop {
-            let decoded = match decoder.decode(&input) {
-                Ok(decoded) => decoded,
+            let mut args = Args::default();
+            let used = match decoder.decode(&input, &mut args) {
+                Ok(used) => used,
                 Err(e) => {
                     Reply::error(format!("ERR {e}")).encode(session.protocol, &mut output);
                     tracing::debug!(client = session.id, error = %e, "closing connection after protocol error");
@@ -132,14 +133,14 @@ pub(crate) async fn serve(
                     break;
                 }
             };
-            let Some(args) = decoded.args else {
-                input.advance(decoded.used);
+            if args.is_empty() {
+                input.advance(used);
                 break;
-            };
+            }
             executed += 1;
             let reply = cmd::execute(app, &mut session, &args, &mut batch).await;
             drop(args);
-            input.advance(decoded.used);
+            input.advance(used);
             if !session.silent {
                 reply.encode(session.protocol, &mut output);
             }
