@@ -135,7 +135,7 @@ fn answer_at_once(id: CommandId, app: &Arc<App>, args: &[&[u8]]) -> Option<Reply
         CommandId::Incr if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
             snowflake::next_at_once(app)
         }
-        CommandId::Incr => segment::Incr::parse(args).ok()?.apply_at_once(app),
+        CommandId::Incr => segment::incr_at_once(args[1], app),
         CommandId::Snowflake if args.len() == 1 => snowflake::next_at_once(app),
         _ => None,
     }

@@ -19,6 +19,14 @@ fn tag_of(key: &[u8]) -> Result<&str, Reply> {
     std::str::from_utf8(tag).map_err(|_| Reply::error(format!("ERR unknown tag '{}'", lossy(tag))))
 }
 
+/// `INCR <key>` answered from the tag's buffer when it has the ID at hand (nearly always),
+/// without waiting; `None` for anything else (another key, a tag to load): [`Incr`] then
+/// parses the key and gives the reply or the error.
+pub fn incr_at_once(key: &[u8], app: &Arc<App>) -> Option<Reply> {
+    let tag = key.strip_prefix(SEGMENT_PREFIX)?;
+    app.segments.try_next_ids(tag, 1).map(Reply::Integer)
+}
+
 /// `INCR segment:<tag>`: the next ID of the tag.
 pub struct Incr<'a> {
     tag: &'a str,
@@ -29,11 +37,6 @@ impl<'a> Incr<'a> {
         Ok(Incr {
             tag: tag_of(args[1])?,
         })
-    }
-
-    /// The reply when the tag's buffer has the ID at hand (nearly always), without waiting.
-    pub fn apply_at_once(&self, app: &Arc<App>) -> Option<Reply> {
-        app.segments.try_next_ids(self.tag, 1).map(Reply::Integer)
     }
 
     pub async fn apply(self, app: &Arc<App>) -> Reply {

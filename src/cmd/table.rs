@@ -93,6 +93,13 @@ pub enum CommandId {
     LeafTag,
 }
 
+/// `name` is `lower` in any ASCII case; `lower` is a lower-case command name of the same length.
+fn same_name(name: &[u8], lower: &[u8]) -> bool {
+    name.iter()
+        .zip(lower)
+        .all(|(&b, &c)| b == c || (c.is_ascii_lowercase() && b | 0x20 == c))
+}
+
 impl CommandId {
     /// The command `name` names, ignoring ASCII case: compared only with the commands of its
     /// length, the hot ones first in the table and so first here.
@@ -113,7 +120,7 @@ impl CommandId {
         candidates
             .iter()
             .copied()
-            .find(|id| id.spec().name.as_bytes().eq_ignore_ascii_case(name))
+            .find(|id| same_name(name, id.spec().name.as_bytes()))
     }
 
     pub fn spec(self) -> &'static CommandSpec {
@@ -178,9 +185,13 @@ mod tests {
             let upper = spec.name.to_ascii_uppercase();
             assert_eq!(lookup(upper.as_bytes()).map(|s| s.name), Some(spec.name));
         }
+        assert_eq!(CommandId::resolve(b"iNcR"), Some(CommandId::Incr));
+        assert_eq!(CommandId::resolve(b"LEAF.TAG"), Some(CommandId::LeafTag));
         for unknown in [
             &b""[..],
             b"inc",
+            b"inc\x12",
+            b"leaf\x0etag",
             b"incrr",
             b"leaf.decodes",
             b"a-much-longer-name",

@@ -122,9 +122,11 @@ pub(crate) async fn serve(
         }
         let mut executed = 0u64;
         let mut close = false;
+        // Bytes of `input` already run; dropped once per batch, not per command.
+        let mut consumed = 0;
         loop {
             let mut args = Args::default();
-            let used = match decoder.decode(&input, &mut args) {
+            let used = match decoder.decode(&input[consumed..], &mut args) {
                 Ok(used) => used,
                 Err(e) => {
                     Reply::error(format!("ERR {e}")).encode(session.protocol, &mut output);
@@ -133,14 +135,12 @@ pub(crate) async fn serve(
                     break;
                 }
             };
+            consumed += used;
             if args.is_empty() {
-                input.advance(used);
                 break;
             }
             executed += 1;
             let reply = cmd::execute(app, &mut session, &args, &mut batch).await;
-            drop(args);
-            input.advance(used);
             if !session.silent {
                 reply.encode(session.protocol, &mut output);
             }
@@ -155,6 +155,7 @@ pub(crate) async fn serve(
                 output.clear();
             }
         }
+        input.advance(consumed);
         // Shared counters are updated once per batch, not per command.
         batch.flush(&app.metrics);
         if executed > 0 {

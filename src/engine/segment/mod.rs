@@ -151,7 +151,7 @@ enum Step {
 /// Tags are created only by admins and configuration, so the hash needs no defence against
 /// chosen collisions beyond foldhash's per-process seed; SipHash cost more than the rest of
 /// an INCR's lookup.
-type TagMap = HashMap<Box<str>, Arc<TagBuffer>, foldhash::fast::RandomState>;
+type TagMap = HashMap<Box<[u8]>, Arc<TagBuffer>, foldhash::fast::RandomState>;
 
 /// A miss on an unknown tag re-reads the tag list at most this often, so a flood of requests
 /// for tags that do not exist costs the database at most a few reads a second.
@@ -212,7 +212,9 @@ impl SegmentEngine {
 
     /// [`SegmentEngine::next_ids`] when the tag's buffers hold the IDs, without waiting and
     /// without building a future; `None` when that would need the tag list or the database.
-    pub fn try_next_ids(self: &Arc<Self>, tag: &str, n: i64) -> Option<i64> {
+    /// The tag is given as bytes (the key as the client sent it): tags are ASCII, and the
+    /// request path need not prove it is text first.
+    pub fn try_next_ids(self: &Arc<Self>, tag: &[u8], n: i64) -> Option<i64> {
         if n < 1 {
             return None;
         }
@@ -229,7 +231,7 @@ impl SegmentEngine {
         // Fast path: the tag map is read without cloning anything, and the clock is not read.
         let found = {
             let tags = self.tags.load();
-            match tags.get(tag) {
+            match tags.get(tag.as_bytes()) {
                 Some(buffer) => match self.take_from_buffers(buffer, n) {
                     Some(last) => return Ok(last),
                     None => Some(buffer.clone()),
@@ -481,7 +483,7 @@ impl SegmentEngine {
     async fn lookup_after_refresh(&self, tag: &str) -> Result<Arc<TagBuffer>, SegmentError> {
         validate_tag_name(tag).map_err(|_| SegmentError::UnknownTag(tag.to_string()))?;
         let mut last_refresh = self.tag_writer.lock().await;
-        if let Some(buffer) = self.tags.load().get(tag) {
+        if let Some(buffer) = self.tags.load().get(tag.as_bytes()) {
             return Ok(buffer.clone());
         }
         let now = self.clock.now_millis();
@@ -496,7 +498,7 @@ impl SegmentEngine {
         }
         self.tags
             .load()
-            .get(tag)
+            .get(tag.as_bytes())
             .cloned()
             .ok_or_else(|| SegmentError::UnknownTag(tag.to_string()))
     }
@@ -515,10 +517,10 @@ impl SegmentEngine {
             .iter()
             .map(|row| {
                 let buffer = old
-                    .get(row.tag.as_str())
+                    .get(row.tag.as_bytes())
                     .cloned()
                     .unwrap_or_else(|| Arc::new(TagBuffer::new(&row.tag)));
-                (Box::from(row.tag.as_str()), buffer)
+                (Box::from(row.tag.as_bytes()), buffer)
             })
             .collect();
         let count = map.len();
@@ -529,7 +531,7 @@ impl SegmentEngine {
     fn forget_tag(&self, tag: &str) {
         self.tags.rcu(|map| {
             let mut map = TagMap::clone(map);
-            map.remove(tag);
+            map.remove(tag.as_bytes());
             map
         });
     }
@@ -563,7 +565,7 @@ impl SegmentEngine {
             .await?;
         self.tags.rcu(|map| {
             let mut map = TagMap::clone(map);
-            map.entry(Box::from(tag))
+            map.entry(Box::from(tag.as_bytes()))
                 .or_insert_with(|| Arc::new(TagBuffer::new(tag)));
             map
         });
