@@ -18,8 +18,7 @@ use crate::cmd::{self, Session};
 use crate::metrics::BatchMetrics;
 use crate::protocol::{Args, Reply, RequestDecoder};
 
-/// Bytes reserved for each read from the socket.
-const READ_CHUNK: usize = 4096;
+use super::spare;
 
 /// Replies are flushed early once this much is buffered, so a long pipeline cannot grow the
 /// output buffer without bound.
@@ -42,7 +41,10 @@ impl ClientStream for TcpStream {
     /// less at pipeline depth 1).
     async fn read_into(&mut self, input: &mut BytesMut) -> std::io::Result<usize> {
         self.readable().await?;
-        input.reserve(READ_CHUNK);
+        if input.capacity() == 0 {
+            *input = spare::take();
+        }
+        input.reserve(spare::BUFFER_SIZE);
         self.read_buf(input).await
     }
 }
@@ -51,7 +53,10 @@ impl ClientStream for TlsStream<TcpStream> {
     /// A TLS stream has no readiness to wait on without reading, so it keeps a read buffer
     /// while idle (rustls holds its own record buffers anyway).
     async fn read_into(&mut self, input: &mut BytesMut) -> std::io::Result<usize> {
-        input.reserve(READ_CHUNK);
+        if input.capacity() == 0 {
+            *input = spare::take();
+        }
+        input.reserve(spare::BUFFER_SIZE);
         self.read_buf(input).await
     }
 }
@@ -103,7 +108,7 @@ pub(crate) async fn serve(
         server.auth_required(),
     )
     .with_admin_without_auth(crate::access::unauthenticated_admin(&app.config, peer));
-    // Buffers are allocated when data arrives and released whenever they are empty, so an idle
+    // Buffers are taken when data arrives and given back whenever they are empty, so an idle
     // connection holds no buffer memory (10,000 idle clients would otherwise pin 80 MB).
     let mut input = BytesMut::new();
     let mut output = BytesMut::new();
@@ -141,6 +146,9 @@ pub(crate) async fn serve(
             }
             executed += 1;
             let reply = cmd::execute(app, &mut session, &args, &mut batch).await;
+            if output.capacity() == 0 {
+                output = spare::take();
+            }
             if !session.silent {
                 reply.encode(session.protocol, &mut output);
             }
@@ -173,9 +181,13 @@ pub(crate) async fn serve(
             close_gracefully(stream).await;
             return;
         }
-        output = BytesMut::new();
+        spare::give_back(&mut output);
         if input.is_empty() {
-            input = BytesMut::new();
+            spare::give_back(&mut input);
+        }
+        if stop.is_cancelled() {
+            close_gracefully(stream).await;
+            return;
         }
         let read = async {
             let wait = stream.read_into(&mut input);
@@ -186,16 +198,18 @@ pub(crate) async fn serve(
                 None => wait.await,
             }
         };
+        // The read first: while input keeps arriving the stop wait is not polled at all (each
+        // poll of it takes the token's lock); the check above sees a stop between batches.
         tokio::select! {
             biased;
-            _ = &mut stopped => {
-                close_gracefully(stream).await;
-                return;
-            }
             read = read => match read {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             },
+            _ = &mut stopped => {
+                close_gracefully(stream).await;
+                return;
+            }
         }
     }
 }

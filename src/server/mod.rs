@@ -3,6 +3,7 @@
 
 mod connection;
 mod io_threads;
+mod spare;
 
 use std::future::Future;
 use std::net::SocketAddr;
