@@ -76,7 +76,7 @@ fn segment(c: &mut Criterion) {
                 batch.start();
             }
             let id = ready(engine.next_ids("bench", 1)).unwrap();
-            batch.record(0, false, false);
+            batch.record(&recorded, 0, false, false);
             in_batch += 1;
             if in_batch == 32 {
                 batch.flush(&recorded);

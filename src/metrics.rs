@@ -185,64 +185,26 @@ impl LatencyHistogram {
     }
 }
 
-/// Command executions of one pipelined batch, summed per (command, bucket) on the connection
-/// and added to the shared histograms once per batch: a batch of 32 INCRs costs two or three
-/// atomic additions instead of 64, and the shared cache lines are touched once.
+/// Command executions of one pipelined batch, counted per command on the connection and added
+/// to the shared histograms once per batch: a batch of 32 INCRs costs two or three atomic
+/// additions instead of 64, and the shared cache lines are touched once.
 ///
 /// Timing costs two clock reads per batch, not one per command: the commands that finish
 /// without waiting (nearly all) share the batch's time equally, and a command that had to
-/// wait (for a segment load, the next snowflake millisecond) is timed on its own.
+/// wait (for a segment load, the next snowflake millisecond) is timed on its own and recorded
+/// at once.
 #[derive(Default)]
 pub struct BatchMetrics {
-    slots: Vec<BatchSlot>,
     /// Commands that finished without waiting, per command, timed together at the flush.
     quick: Vec<QuickCount>,
     /// When the time not yet given to a command began.
     since: Option<Instant>,
 }
 
-struct BatchSlot {
-    command: usize,
-    bucket: usize,
-    count: u64,
-    errors: u64,
-    sum_nanos: u64,
-}
-
 struct QuickCount {
     command: usize,
     count: u64,
     errors: u64,
-}
-
-/// Adds `count` executions in `bucket` to the batch's slot for them.
-fn add(
-    slots: &mut Vec<BatchSlot>,
-    command: usize,
-    bucket: usize,
-    count: u64,
-    errors: u64,
-    nanos: u64,
-) {
-    let slot = match slots
-        .iter_mut()
-        .position(|s| s.command == command && s.bucket == bucket)
-    {
-        Some(i) => &mut slots[i],
-        None => {
-            slots.push(BatchSlot {
-                command,
-                bucket,
-                count: 0,
-                errors: 0,
-                sum_nanos: 0,
-            });
-            slots.last_mut().expect("just pushed")
-        }
-    };
-    slot.count += count;
-    slot.errors += errors;
-    slot.sum_nanos = slot.sum_nanos.saturating_add(nanos);
 }
 
 fn nanos_of(elapsed: Duration) -> u64 {
@@ -261,13 +223,15 @@ impl BatchMetrics {
 
     /// Notes one execution of the command at `command` (an index for [`Metrics::command`]);
     /// `waited` when it did not finish at once, so it is timed on its own.
-    pub fn record(&mut self, command: usize, failed: bool, waited: bool) {
+    pub fn record(&mut self, metrics: &Metrics, command: usize, failed: bool, waited: bool) {
         let failed = u64::from(failed);
         if waited {
             let now = Instant::now();
             let nanos = nanos_of(now.saturating_duration_since(self.since.unwrap_or(now)));
             self.since = Some(now);
-            add(&mut self.slots, command, bucket_of(nanos), 1, failed, nanos);
+            if let Some(shared) = metrics.command(command) {
+                shared.add(bucket_of(nanos), 1, failed, nanos);
+            }
             return;
         }
         match self.quick.iter_mut().find(|q| q.command == command) {
@@ -283,8 +247,8 @@ impl BatchMetrics {
         }
     }
 
-    /// Times the commands that finished at once, adds the batch to the shared metrics and
-    /// empties it.
+    /// Times the commands that finished at once, adds them to the shared metrics and empties
+    /// the batch.
     pub fn flush(&mut self, metrics: &Metrics) {
         if !self.quick.is_empty() {
             let now = Instant::now();
@@ -293,29 +257,12 @@ impl BatchMetrics {
             let each = total.checked_div(commands).unwrap_or(0);
             let bucket = bucket_of(each);
             for q in self.quick.drain(..) {
-                add(
-                    &mut self.slots,
-                    q.command,
-                    bucket,
-                    q.count,
-                    q.errors,
-                    each * q.count,
-                );
-            }
-        }
-        self.since = None;
-        for slot in self.slots.drain(..) {
-            if let Some(command) = metrics.command(slot.command) {
-                command.duration.buckets[slot.bucket].fetch_add(slot.count, Ordering::Relaxed);
-                command
-                    .duration
-                    .sum_nanos
-                    .fetch_add(slot.sum_nanos, Ordering::Relaxed);
-                if slot.errors > 0 {
-                    command.errors.fetch_add(slot.errors, Ordering::Relaxed);
+                if let Some(shared) = metrics.command(q.command) {
+                    shared.add(bucket, q.count, q.errors, each * q.count);
                 }
             }
         }
+        self.since = None;
     }
 }
 
@@ -328,6 +275,15 @@ pub struct CommandMetrics {
 }
 
 impl CommandMetrics {
+    /// `count` executions in `bucket`, `errors` of them failed, `nanos` in all.
+    fn add(&self, bucket: usize, count: u64, errors: u64, nanos: u64) {
+        self.duration.buckets[bucket].fetch_add(count, Ordering::Relaxed);
+        self.duration.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        if errors > 0 {
+            self.errors.fetch_add(errors, Ordering::Relaxed);
+        }
+    }
+
     fn count(&self) -> u64 {
         self.duration
             .buckets

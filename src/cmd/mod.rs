@@ -112,7 +112,7 @@ pub async fn execute(
         (None, None) => unknown_command(args),
     };
     if let (Some(id), true) = (id, app.metrics.enabled()) {
-        batch.record(id as usize, reply.is_error(), waited);
+        batch.record(&app.metrics, id as usize, reply.is_error(), waited);
     }
     reply
 }
