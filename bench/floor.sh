@@ -20,7 +20,8 @@ command -v gcc >/dev/null || { echo "gcc not found" >&2; exit 1; }
 source bench/common.sh
 work=$(mktemp -d)
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null; rm -rf "$work"' EXIT
+# The servers die of the signal (status 143): that is not this script failing.
+trap 'kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
 
 redis_pid=$(redis-cli -p "$redis_port" INFO server | tr -d '\r' | awk -F: '/^process_id/ {print $2}')
 [ -r "/proc/$redis_pid/schedstat" ] || { echo "no redis-server of ours on 127.0.0.1:$redis_port" >&2; exit 1; }
