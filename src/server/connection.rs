@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,11 @@ pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send {
         &mut self,
         input: &mut BytesMut,
     ) -> impl Future<Output = std::io::Result<usize>> + Send;
+
+    /// Writes what the socket takes without waiting; how many bytes that was.
+    fn write_now(&mut self, _buf: &[u8]) -> usize {
+        0
+    }
 }
 
 impl ClientStream for TcpStream {
@@ -47,6 +52,17 @@ impl ClientStream for TcpStream {
         input.reserve(spare::BUFFER_SIZE);
         self.read_buf(input).await
     }
+
+    fn write_now(&mut self, buf: &[u8]) -> usize {
+        let mut written = 0;
+        while written < buf.len() {
+            match self.try_write(&buf[written..]) {
+                Ok(n) if n > 0 => written += n,
+                _ => break,
+            }
+        }
+        written
+    }
 }
 
 impl ClientStream for TlsStream<TcpStream> {
@@ -61,9 +77,40 @@ impl ClientStream for TlsStream<TcpStream> {
     }
 }
 
+/// Tells connections to stop: a flag each reads between batches (an atomic load; the token's
+/// own state sits behind a lock every connection would share) and a token that wakes those
+/// waiting for input.
+#[derive(Clone, Default)]
+pub(crate) struct Stop {
+    flag: Arc<AtomicBool>,
+    token: CancellationToken,
+}
+
+impl Stop {
+    pub(crate) fn stop(&self) {
+        self.flag.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
+
+    /// Completes once [`Stop::stop`] was called.
+    pub(crate) fn wait(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
+}
+
 /// Writes `buf` out, giving up (and so closing the connection) when the client has not read
 /// its replies within `limit`: a client that pipelines without reading cannot hold the server.
 async fn write_out(stream: &mut impl ClientStream, buf: &[u8], limit: Option<Duration>) -> bool {
+    // Nearly always the socket takes it all at once: then there is no time limit to start
+    // (and no clock to read for it).
+    let buf = &buf[stream.write_now(buf)..];
+    if buf.is_empty() {
+        return true;
+    }
     match limit {
         Some(limit) => matches!(
             tokio::time::timeout(limit, stream.write_all(buf)).await,
@@ -95,7 +142,7 @@ pub(crate) async fn serve(
     mut stream: impl ClientStream,
     peer: SocketAddr,
     app: &Arc<App>,
-    stop: CancellationToken,
+    stop: Stop,
 ) {
     let server = &app.config.server;
     let decoder = RequestDecoder::new(server.request_limits());
@@ -118,7 +165,7 @@ pub(crate) async fn serve(
     let mut batch = BatchMetrics::default();
     let timed = app.metrics.enabled();
     // Made once: a new wait per read would join and leave the token's waiter list each time.
-    let stopped = stop.cancelled();
+    let stopped = stop.wait();
     tokio::pin!(stopped);
     loop {
         // Run every complete command already received; replies keep their order.
@@ -185,7 +232,7 @@ pub(crate) async fn serve(
         if input.is_empty() {
             spare::give_back(&mut input);
         }
-        if stop.is_cancelled() {
+        if stop.is_stopped() {
             close_gracefully(stream).await;
             return;
         }
@@ -199,7 +246,8 @@ pub(crate) async fn serve(
             }
         };
         // The read first: while input keeps arriving the stop wait is not polled at all (each
-        // poll of it takes the token's lock); the check above sees a stop between batches.
+        // poll of it takes a lock all connections share); the flag above sees a stop between
+        // batches.
         tokio::select! {
             biased;
             read = read => match read {

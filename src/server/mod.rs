@@ -14,12 +14,11 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::App;
 use crate::tls;
-use connection::ClientStream;
+use connection::{ClientStream, Stop};
 use io_threads::IoThreads;
 
 /// The sockets leafd serves RESP on: plain TCP, TLS, or both. They share `max_clients`.
@@ -68,7 +67,7 @@ pub async fn run_listeners(
         app.set_tls_port(addr.port());
     }
     let limit = Arc::new(Semaphore::new(app.config.server.max_clients));
-    let stop = CancellationToken::new();
+    let stop = Stop::default();
     let connections = TaskTracker::new();
     let io_threads = IoThreads::start(app.config.server.effective_io_threads())?;
     let tls_listener = listeners.tls.as_ref().map(|(l, ..)| l);
@@ -132,7 +131,7 @@ pub async fn run_listeners(
         });
     }
     drop(listeners);
-    stop.cancel();
+    stop.stop();
     connections.close();
     // Commands in flight get a bounded time to finish: a stuck one must not keep the
     // process from stopping.
@@ -157,14 +156,14 @@ async fn serve_tls(
     stream: TcpStream,
     peer: SocketAddr,
     app: &Arc<App>,
-    stop: CancellationToken,
+    stop: Stop,
     permit: Option<OwnedSemaphorePermit>,
     settings: &tls::TlsSettings,
     limit: Duration,
 ) {
     // Shutdown does not wait for handshakes: those clients sent no command yet.
     let handshake = tokio::select! {
-        _ = stop.cancelled() => return,
+        _ = stop.wait() => return,
         handshake = tls::handshake(settings, stream, limit) => handshake,
     };
     match handshake {
@@ -179,7 +178,7 @@ async fn serve_or_reject(
     mut stream: impl ClientStream,
     peer: SocketAddr,
     app: &Arc<App>,
-    stop: CancellationToken,
+    stop: Stop,
     permit: Option<OwnedSemaphorePermit>,
 ) {
     if crate::access::protected_mode_refuses(&app.config, peer) {
