@@ -129,13 +129,7 @@ pub fn own_state_dir(mut config: Config) -> Config {
         && config.storage.url != Config::default().storage.url;
     if config.storage.state_dir.is_empty() && !sqlite_file && config.snowflake.fence_file.is_empty()
     {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "leafd-test-state-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        config.storage.state_dir = path.display().to_string();
+        config.storage.state_dir = fresh_state_dir(&std::env::temp_dir());
     }
     config
 }
@@ -143,13 +137,17 @@ pub fn own_state_dir(mut config: Config) -> Config {
 /// A fresh state directory in memory (/dev/shm where there is one), where the rollback
 /// guard's fdatasync costs nothing: for tests that time the engine, not the disk.
 pub fn memory_state_dir() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let base = std::path::Path::new("/dev/shm");
-    let base = if base.is_dir() {
-        base.to_path_buf()
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        fresh_state_dir(shm)
     } else {
-        std::env::temp_dir()
-    };
+        fresh_state_dir(&std::env::temp_dir())
+    }
+}
+
+/// A path under `base` no other server of this test process uses.
+fn fresh_state_dir(base: &std::path::Path) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     base.join(format!(
         "leafd-test-state-{}-{}",
         std::process::id(),
