@@ -1,6 +1,7 @@
 //! Segment storage: the [`SegmentStore`] trait over Leaf's `leaf_alloc` table, one
 //! implementation per database dialect, chosen by the storage URL.
 
+pub(crate) mod committed;
 mod deferred;
 mod marks;
 mod memory;
@@ -47,12 +48,19 @@ pub enum StoreError {
     Exhausted(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// A write (its statements or its commit) failed: nothing of it took effect, and nothing a
+    /// statement returned before the failure may be used.
+    #[error("database write failed: {0}")]
+    WriteFailed(sqlx::Error),
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("unsupported storage url '{0}': expected sqlite://, mysql:// or postgres://")]
     UnsupportedUrl(String),
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// The node's segment marks exist but none can be read: the message says what to do.
+    #[error("{0}")]
+    MarksUnreadable(String),
 }
 
 impl StoreError {
@@ -61,7 +69,7 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Unavailable(_) => true,
-            StoreError::Database(err) => match err {
+            StoreError::Database(err) | StoreError::WriteFailed(err) => match err {
                 sqlx::Error::Io(_)
                 | sqlx::Error::PoolTimedOut
                 | sqlx::Error::PoolClosed
@@ -76,6 +84,15 @@ impl StoreError {
                 _ => false,
             },
             _ => false,
+        }
+    }
+
+    /// The error of a failed write transaction: a database error becomes
+    /// [`StoreError::WriteFailed`]; typed outcomes (unknown tag, exhausted, …) stay as they are.
+    fn into_write_failure(self) -> StoreError {
+        match self {
+            StoreError::Database(err) => StoreError::WriteFailed(err),
+            other => other,
         }
     }
 }

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::Row;
 
+use super::committed::committed;
 use super::{insert_error, not_allocated, LeafAlloc, SegmentStore, StoreError};
 use crate::config::StorageConfig;
 
@@ -44,30 +45,29 @@ const SELECT_ROW: &str = "SELECT biz_tag, max_id, step, description FROM leaf_al
 #[async_trait]
 impl SegmentStore for MySqlStore {
     async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let updated = sqlx::query(
-            "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?, step) \
-             WHERE biz_tag = ? AND max_id <= 9223372036854775807 - COALESCE(?, step)",
-        )
-        .bind(step)
-        .bind(tag)
-        .bind(step)
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() == 0 {
-            let exists = sqlx::query("SELECT 1 FROM leaf_alloc WHERE biz_tag = ?")
-                .bind(tag)
-                .fetch_optional(&mut *tx)
-                .await?
-                .is_some();
-            return Err(not_allocated(exists, tag));
-        }
-        let row = sqlx::query(&format!("{SELECT_ROW} WHERE biz_tag = ?"))
+        committed(&self.pool, |mut tx| async move {
+            let updated = sqlx::query(
+                "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?, step) \
+                 WHERE biz_tag = ? AND max_id <= 9223372036854775807 - COALESCE(?, step)",
+            )
+            .bind(step)
             .bind(tag)
-            .fetch_one(&mut *tx)
+            .bind(step)
+            .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
-        Ok(row_to_alloc(&row)?)
+            let rows = sqlx::query(&format!("{SELECT_ROW} WHERE biz_tag = ?"))
+                .bind(tag)
+                .fetch_all(&mut *tx)
+                .await?;
+            match rows.first() {
+                Some(row) if updated.rows_affected() == 1 => {
+                    let alloc = row_to_alloc(row)?;
+                    Ok((tx, alloc))
+                }
+                found => Err(not_allocated(found.is_some(), tag)),
+            }
+        })
+        .await
     }
 
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
@@ -84,35 +84,41 @@ impl SegmentStore for MySqlStore {
         max_id: i64,
         description: Option<&str>,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?, ?, ?, ?)",
-        )
-        .bind(tag)
-        .bind(max_id)
-        .bind(step)
-        .bind(description)
-        .execute(&self.pool)
+        committed(&self.pool, |mut tx| async move {
+            sqlx::query(
+                "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?, ?, ?, ?)",
+            )
+            .bind(tag)
+            .bind(max_id)
+            .bind(step)
+            .bind(description)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| insert_error(e, tag))?;
+            Ok((tx, ()))
+        })
         .await
-        .map_err(|e| insert_error(e, tag))?;
-        Ok(())
     }
 
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
-        // MySQL counts only changed rows, so an unchanged step must not read as "unknown tag".
-        let known = sqlx::query(&format!("{SELECT_ROW} WHERE biz_tag = ?"))
-            .bind(tag)
-            .fetch_optional(&self.pool)
-            .await?
-            .is_some();
-        if !known {
-            return Err(StoreError::UnknownTag(tag.to_string()));
-        }
-        sqlx::query("UPDATE leaf_alloc SET step = ? WHERE biz_tag = ?")
-            .bind(step)
-            .bind(tag)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        committed(&self.pool, |mut tx| async move {
+            // MySQL counts only changed rows, so an unchanged step must not read as "unknown
+            // tag": the row is looked up (and locked) first.
+            let known = sqlx::query(&format!("{SELECT_ROW} WHERE biz_tag = ? FOR UPDATE"))
+                .bind(tag)
+                .fetch_all(&mut *tx)
+                .await?;
+            if known.is_empty() {
+                return Err(StoreError::UnknownTag(tag.to_string()));
+            }
+            sqlx::query("UPDATE leaf_alloc SET step = ? WHERE biz_tag = ?")
+                .bind(step)
+                .bind(tag)
+                .execute(&mut *tx)
+                .await?;
+            Ok((tx, ()))
+        })
+        .await
     }
 
     fn backend(&self) -> &'static str {

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::Row;
 
+use super::committed::committed;
 use super::{insert_error, not_allocated, LeafAlloc, SegmentStore, StoreError};
 use crate::config::StorageConfig;
 
@@ -17,14 +18,6 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    async fn exists(&self, tag: &str) -> Result<bool, StoreError> {
-        Ok(sqlx::query("SELECT 1 FROM leaf_alloc WHERE biz_tag = ?1")
-            .bind(tag)
-            .fetch_optional(&self.pool)
-            .await?
-            .is_some())
-    }
-
     /// Opens (creating if missing, with its parent directory) the database file and migrates it.
     pub async fn open(config: &StorageConfig, migrate: bool) -> Result<SqliteStore, StoreError> {
         let path = sqlite_path(&config.url)?;
@@ -74,21 +67,34 @@ fn row_to_alloc(row: &sqlx::sqlite::SqliteRow) -> Result<LeafAlloc, sqlx::Error>
 #[async_trait]
 impl SegmentStore for SqliteStore {
     async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
-        // The guard keeps `max_id + step` from overflowing (SQLite would store a REAL).
-        let row = sqlx::query(
-            "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?1, step), \
-             update_time = CURRENT_TIMESTAMP \
-             WHERE biz_tag = ?2 AND max_id <= 9223372036854775807 - COALESCE(?1, step) \
-             RETURNING biz_tag, max_id, step, description",
-        )
-        .bind(step)
-        .bind(tag)
-        .fetch_optional(&self.pool)
-        .await?;
-        match row {
-            Some(row) => Ok(row_to_alloc(&row)?),
-            None => Err(not_allocated(self.exists(tag).await?, tag)),
-        }
+        committed(&self.pool, |mut tx| async move {
+            // The guard keeps `max_id + step` from overflowing (SQLite would store a REAL).
+            // fetch_all steps the statement to its end, where its changes are written.
+            let rows = sqlx::query(
+                "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?1, step), \
+                 update_time = CURRENT_TIMESTAMP \
+                 WHERE biz_tag = ?2 AND max_id <= 9223372036854775807 - COALESCE(?1, step) \
+                 RETURNING biz_tag, max_id, step, description",
+            )
+            .bind(step)
+            .bind(tag)
+            .fetch_all(&mut *tx)
+            .await?;
+            match rows.first() {
+                Some(row) => {
+                    let alloc = row_to_alloc(row)?;
+                    Ok((tx, alloc))
+                }
+                None => {
+                    let exists = sqlx::query("SELECT 1 FROM leaf_alloc WHERE biz_tag = ?1")
+                        .bind(tag)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    Err(not_allocated(!exists.is_empty(), tag))
+                }
+            }
+        })
+        .await
     }
 
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
@@ -110,31 +116,37 @@ impl SegmentStore for SqliteStore {
         max_id: i64,
         description: Option<&str>,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?1, ?2, ?3, ?4)",
-        )
-        .bind(tag)
-        .bind(max_id)
-        .bind(step)
-        .bind(description)
-        .execute(&self.pool)
+        committed(&self.pool, |mut tx| async move {
+            sqlx::query(
+                "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .bind(tag)
+            .bind(max_id)
+            .bind(step)
+            .bind(description)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| insert_error(e, tag))?;
+            Ok((tx, ()))
+        })
         .await
-        .map_err(|e| insert_error(e, tag))?;
-        Ok(())
     }
 
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
-        let done = sqlx::query(
-            "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2",
-        )
-        .bind(step)
-        .bind(tag)
-        .execute(&self.pool)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::UnknownTag(tag.to_string()));
-        }
-        Ok(())
+        committed(&self.pool, |mut tx| async move {
+            let done = sqlx::query(
+                "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2",
+            )
+            .bind(step)
+            .bind(tag)
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() == 0 {
+                return Err(StoreError::UnknownTag(tag.to_string()));
+            }
+            Ok((tx, ()))
+        })
+        .await
     }
 
     fn backend(&self) -> &'static str {

@@ -18,42 +18,50 @@ macro_rules! worker_lease_store {
                     "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES ({}, {}, {} + {}, 0)",
                     $p(1), $p(2), $now, $p(3)
                 );
-                match sqlx::query(&insert)
-                    .bind(worker_id)
-                    .bind(owner)
-                    .bind(lease_ms)
-                    .execute(&self.pool)
-                    .await
-                {
-                    Ok(_) => return Ok(Some(0)),
-                    Err(e) if $crate::storage::unique_violation(&e) => {}
-                    Err(e) => return Err(e.into()),
+                let inserted = $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    sqlx::query(&insert)
+                        .bind(worker_id)
+                        .bind(owner)
+                        .bind(lease_ms)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok((tx, ()))
+                })
+                .await;
+                match inserted {
+                    Ok(()) => return Ok(Some(0)),
+                    Err($crate::storage::StoreError::WriteFailed(e))
+                        if $crate::storage::unique_violation(&e) => {}
+                    Err(e) => return Err(e),
                 }
                 // Taken only when expired in the database's time; one statement, so exactly
-                // one claimant wins.
+                // one claimant wins. The fence is read in the same transaction.
                 let take = format!(
                     "UPDATE leaf_worker SET owner = {}, lease_until = {} + {} WHERE worker_id = {} AND lease_until < {}",
                     $p(1), $now, $p(2), $p(3), $now
                 );
-                let taken = sqlx::query(&take)
-                    .bind(owner)
-                    .bind(lease_ms)
-                    .bind(worker_id)
-                    .execute(&self.pool)
-                    .await?;
-                if taken.rows_affected() == 0 {
-                    return Ok(None);
-                }
                 let read = format!(
                     "SELECT fence_ms FROM leaf_worker WHERE worker_id = {} AND owner = {}",
                     $p(1), $p(2)
                 );
-                let fence: Option<(i64,)> = sqlx::query_as(&read)
-                    .bind(worker_id)
-                    .bind(owner)
-                    .fetch_optional(&self.pool)
-                    .await?;
-                Ok(fence.map(|(f,)| f))
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    let taken = sqlx::query(&take)
+                        .bind(owner)
+                        .bind(lease_ms)
+                        .bind(worker_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    if taken.rows_affected() == 0 {
+                        return Ok((tx, None));
+                    }
+                    let fence: Vec<(i64,)> = sqlx::query_as(&read)
+                        .bind(worker_id)
+                        .bind(owner)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    Ok((tx, fence.first().map(|(f,)| *f)))
+                })
+                .await
             }
 
             async fn renew(
@@ -67,15 +75,20 @@ macro_rules! worker_lease_store {
                     "UPDATE leaf_worker SET lease_until = {} + {}, fence_ms = CASE WHEN fence_ms > {} THEN fence_ms ELSE {} END WHERE worker_id = {} AND owner = {}",
                     $now, $p(1), $p(2), $p(3), $p(4), $p(5)
                 );
-                let done = sqlx::query(&renew)
-                    .bind(lease_ms)
-                    .bind(fence_ms)
-                    .bind(fence_ms)
-                    .bind(worker_id)
-                    .bind(owner)
-                    .execute(&self.pool)
-                    .await?;
-                Ok(done.rows_affected() == 1)
+                // The fence a renewal writes lets this node issue up to it: it counts only
+                // once committed.
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    let done = sqlx::query(&renew)
+                        .bind(lease_ms)
+                        .bind(fence_ms)
+                        .bind(fence_ms)
+                        .bind(worker_id)
+                        .bind(owner)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok((tx, done.rows_affected() == 1))
+                })
+                .await
             }
 
             async fn release(
@@ -88,13 +101,16 @@ macro_rules! worker_lease_store {
                     "UPDATE leaf_worker SET lease_until = 0, fence_ms = {} WHERE worker_id = {} AND owner = {}",
                     $p(1), $p(2), $p(3)
                 );
-                sqlx::query(&release)
-                    .bind(fence_ms)
-                    .bind(worker_id)
-                    .bind(owner)
-                    .execute(&self.pool)
-                    .await?;
-                Ok(())
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    sqlx::query(&release)
+                        .bind(fence_ms)
+                        .bind(worker_id)
+                        .bind(owner)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok((tx, ()))
+                })
+                .await
             }
 
             async fn workers(

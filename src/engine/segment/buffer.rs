@@ -27,6 +27,14 @@ impl Segment {
         self.max - self.next + 1
     }
 
+    /// The part of the segment above `floor`, if any.
+    fn above(self, floor: i64) -> Option<Segment> {
+        (self.max > floor).then(|| Segment {
+            next: self.next.max(floor.saturating_add(1)),
+            ..self
+        })
+    }
+
     /// Takes `n` contiguous IDs and returns the last one.
     fn take(&mut self, n: i64) -> Option<i64> {
         if self.remaining() < n {
@@ -65,7 +73,10 @@ impl LoadFailure {
 /// What went wrong with the database, worded so that "unreachable" means it did not answer
 /// and anything else is called an error.
 pub fn store_reason(err: &StoreError) -> String {
-    if err.is_transient() {
+    if matches!(err, StoreError::WriteFailed(_)) {
+        // "database write failed: <cause>": a full disk is not a lost connection.
+        err.to_string()
+    } else if err.is_transient() {
         format!("database unreachable: {err}")
     } else {
         format!("database failed: {err}")
@@ -97,6 +108,9 @@ pub struct BufferState {
     pub loads_failed: u64,
     /// Loads refused because the database went back below this node's high-water mark.
     pub rollbacks: u64,
+    /// Every ID handed out from now on is above this: the end of the last block reserved
+    /// directly in the database (an INCRBY larger than the step), so IDs keep increasing.
+    pub floor: i64,
 }
 
 /// Shortest and longest pause between failed loads of one tag.
@@ -134,21 +148,35 @@ impl BufferState {
         }
     }
 
-    /// Installs a freshly loaded segment: as current if the current one is used up, else as next.
+    /// Installs a freshly loaded segment: as current if the current one is used up, else as
+    /// next. A segment a block handed out since has passed (see [`BufferState::pass_block`])
+    /// is installed only above the block, or not at all.
     pub fn install(&mut self, segment: Segment, table_step: i64, now_ms: u64) {
-        if self.current.is_some_and(|c| c.remaining() > 0) {
-            self.next = Some(segment);
-        } else {
-            self.current = Some(segment);
-        }
         self.step = segment.step;
         self.table_step = table_step;
-        self.max_id = segment.max;
+        self.max_id = self.max_id.max(segment.max);
         self.last_load_ms = Some(now_ms);
         self.loads_ok += 1;
         self.failure = None;
         self.backoff_ms = 0;
         self.retry_at_ms = 0;
+        let Some(segment) = segment.above(self.floor) else {
+            return;
+        };
+        if self.current.is_some_and(|c| c.remaining() > 0) {
+            self.next = Some(segment);
+        } else {
+            self.current = Some(segment);
+        }
+    }
+
+    /// A block ending at `last` was handed out straight from the database: the buffers move
+    /// past it (the IDs they held below it are skipped), so the next ID is above the block.
+    pub fn pass_block(&mut self, last: i64) {
+        self.floor = self.floor.max(last);
+        self.max_id = self.max_id.max(last);
+        self.current = self.current.and_then(|s| s.above(self.floor));
+        self.next = self.next.and_then(|s| s.above(self.floor));
     }
 
     /// Records a failed load and schedules the earliest retry with exponential back-off.
@@ -190,6 +218,28 @@ mod tests {
         assert!(st.wants_preload(|| 0));
         st.loading = true;
         assert!(!st.wants_preload(|| 0));
+    }
+
+    #[test]
+    fn a_block_moves_the_buffers_past_it() {
+        let mut st = BufferState {
+            current: Some(Segment::granted(500, 500)),
+            ..Default::default()
+        };
+        assert_eq!(st.take(1), Some(1));
+        // A block of 50 reserved in the database after this segment: (529, 579].
+        st.pass_block(579);
+        assert_eq!(
+            st.take(1),
+            None,
+            "nothing below the block is served any more"
+        );
+        // A load that was in flight when the block was reserved returns a lower segment.
+        st.install(Segment::granted(1000, 500), 500, 0);
+        assert_eq!(st.take(1), Some(580));
+        st.pass_block(2000);
+        st.install(Segment::granted(2500, 500), 500, 0);
+        assert_eq!(st.take(1), Some(2001));
     }
 
     #[test]
