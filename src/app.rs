@@ -86,7 +86,10 @@ impl App {
                 );
                 let backend = storage::backend_of(&config.storage.url).unwrap_or("unknown");
                 let deferred = DeferredStore::new(backend, err.to_string());
-                let marks = SegmentMarks::open(config.storage.marks_path())?;
+                let marks = SegmentMarks::open(
+                    config.storage.marks_path(),
+                    config.storage.discard_unreadable_marks,
+                )?;
                 let snowflake = start_snowflake(&config, None, clock.clone()).await?;
                 let app = App::build(config, deferred.clone(), marks, clock, snowflake);
                 app.spawn_connector(deferred);
@@ -102,7 +105,10 @@ impl App {
         store: Arc<dyn SegmentStore>,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<App>, AppError> {
-        let marks = SegmentMarks::open(config.storage.marks_path())?;
+        let marks = SegmentMarks::open(
+            config.storage.marks_path(),
+            config.storage.discard_unreadable_marks,
+        )?;
         let snowflake =
             start_snowflake(&config, store.clone().worker_leases(), clock.clone()).await?;
         let app = App::build(config, store, marks, clock, snowflake);

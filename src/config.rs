@@ -248,6 +248,11 @@ pub struct StorageConfig {
     /// Directory of this node's own durable state (the snowflake time fence, the segment
     /// high-water marks). Empty: the SQLite database's directory, else `data`.
     pub state_dir: String,
+    /// Start even though both slots of the segment marks exist and neither can be read. The
+    /// node then no longer refuses a range a restored or failed-over database hands out again
+    /// that this node already served: set it only after moving every tag past what was served
+    /// (`LEAF.TAG SKIPALL`), or when the marks are known to hold nothing that matters.
+    pub discard_unreadable_marks: bool,
 }
 
 impl Default for StorageConfig {
@@ -258,6 +263,7 @@ impl Default for StorageConfig {
             acquire_timeout_ms: 1000,
             migrate: true,
             state_dir: String::new(),
+            discard_unreadable_marks: false,
         }
     }
 }
@@ -303,6 +309,8 @@ impl fmt::Debug for StorageConfig {
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout_ms", &self.acquire_timeout_ms)
             .field("migrate", &self.migrate)
+            .field("state_dir", &self.state_dir)
+            .field("discard_unreadable_marks", &self.discard_unreadable_marks)
             .finish()
     }
 }

@@ -39,20 +39,30 @@ fn slot(path: &Path, seq: u64) -> PathBuf {
 }
 
 impl SegmentMarks {
-    /// Reads the newest complete record of the two slots (none yet is fine; a slot that exists
-    /// but cannot be read is an error that names it).
-    pub fn open(path: impl Into<PathBuf>) -> Result<Arc<SegmentMarks>, StoreError> {
+    /// Reads the newest complete record of the two slots. No slot yet is a node that never
+    /// loaded a segment. Both slots present and neither readable means the marks are lost, and
+    /// with them the guard against a database that went back: an error naming the files and
+    /// what to do, unless `discard_unreadable` (the operator's explicit choice) says to start
+    /// without them. One slot alone that cannot be read is the first record ever, torn by a
+    /// crash before any ID of its range was served: nothing is lost.
+    pub fn open(
+        path: impl Into<PathBuf>,
+        discard_unreadable: bool,
+    ) -> Result<Arc<SegmentMarks>, StoreError> {
         let path = path.into();
         let mut newest: Option<Record> = None;
+        let mut unreadable = Vec::new();
         for seq in [0, 1] {
             let file = slot(&path, seq);
             match std::fs::read(&file) {
                 // A torn or empty slot is the older one: the other holds the last record.
                 Ok(bytes) => match serde_json::from_slice::<Record>(&bytes) {
-                    Ok(record) if newest.as_ref().is_none_or(|n| record.seq > n.seq) => {
-                        newest = Some(record)
+                    Ok(record) => {
+                        if newest.as_ref().is_none_or(|n| record.seq > n.seq) {
+                            newest = Some(record)
+                        }
                     }
-                    _ => {}
+                    Err(e) => unreadable.push(format!("{}: {e}", file.display())),
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {
@@ -62,6 +72,17 @@ impl SegmentMarks {
                     )))
                 }
             }
+        }
+        if newest.is_none() && unreadable.len() == 2 {
+            let files = unreadable.join("; ");
+            if !discard_unreadable {
+                return Err(StoreError::MarksUnreadable(format!(
+                    "segment marks unreadable ({files}): this node no longer knows the highest IDs it served. \
+                     Restore the files, or move every tag past the database with LEAF.TAG SKIPALL <n> on another node \
+                     and delete them, or set storage.discard_unreadable_marks = true to start without them"
+                )));
+            }
+            tracing::warn!(files = %files, "segment marks unreadable; starting without them (storage.discard_unreadable_marks)");
         }
         let state = newest.map_or_else(Marks::default, |r| Marks {
             marks: r.marks,
@@ -92,25 +113,30 @@ impl SegmentMarks {
         self.lock().marks.get(tag).copied()
     }
 
-    /// Raises the mark of `tag` to `max_id` and makes it durable before returning.
+    /// Raises the mark of `tag` to `max_id` and makes it durable before returning. A write
+    /// that fails (a full disk) leaves the slot it tore as the one the next write goes to, so
+    /// the other slot, holding the newest complete record, is never the one overwritten next.
     pub async fn record(&self, tag: &str, max_id: i64) -> Result<(), String> {
         let _writing = self.writer.lock().await;
         let record = {
             let mut state = self.lock();
             let mark = state.marks.entry(tag.to_string()).or_insert(max_id);
             *mark = (*mark).max(max_id);
-            state.seq += 1;
             Record {
-                seq: state.seq,
+                seq: state.seq + 1,
                 marks: state.marks.clone(),
             }
         };
         let Some(path) = self.path.clone() else {
+            self.lock().seq = record.seq;
             return Ok(());
         };
+        let seq = record.seq;
         tokio::task::spawn_blocking(move || write_slot(&path, &record))
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())??;
+        self.lock().seq = seq;
+        Ok(())
     }
 }
 
@@ -153,25 +179,80 @@ mod tests {
     async fn marks_only_rise_and_survive_a_reopen_and_a_torn_slot() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("marks.json");
-        let marks = SegmentMarks::open(&path).unwrap();
+        let marks = SegmentMarks::open(&path, false).unwrap();
         assert_eq!(marks.get("order"), None);
         marks.record("order", 500).await.unwrap();
         marks.record("order", 300).await.unwrap();
         marks.record("pay", 7).await.unwrap();
-        let reopened = SegmentMarks::open(&path).unwrap();
+        let reopened = SegmentMarks::open(&path, false).unwrap();
         assert_eq!(
             (reopened.get("order"), reopened.get("pay")),
             (Some(500), Some(7))
         );
         // A crash tore the newest slot (seq 3, ".b"): the other slot, one record older, is used.
         std::fs::write(slot(&path, 3), b"{\"seq\":3,\"marks\":{\"ord").unwrap();
-        let reopened = SegmentMarks::open(&path).unwrap();
+        let reopened = SegmentMarks::open(&path, false).unwrap();
         assert_eq!(
             (reopened.get("order"), reopened.get("pay")),
             (Some(500), None)
         );
         reopened.record("pay", 9).await.unwrap();
-        let again = SegmentMarks::open(&path).unwrap();
+        let again = SegmentMarks::open(&path, false).unwrap();
         assert_eq!((again.get("order"), again.get("pay")), (Some(500), Some(9)));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn unreadable_marks_refuse_to_open_unless_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment-marks.json");
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        marks.record("order", 500).await.unwrap();
+        marks.record("order", 600).await.unwrap();
+        std::fs::write(slot(&path, 0), b"garbage").unwrap();
+        std::fs::write(slot(&path, 1), b"").unwrap();
+        let refused = SegmentMarks::open(&path, false).err().expect("refused");
+        let text = refused.to_string();
+        assert!(text.contains("segment-marks.json.a"), "{text}");
+        assert!(text.contains("segment-marks.json.b"), "{text}");
+        assert!(text.contains("LEAF.TAG SKIPALL"), "{text}");
+        assert!(text.contains("storage.discard_unreadable_marks"), "{text}");
+        let discarded = SegmentMarks::open(&path, true).unwrap();
+        assert_eq!(discarded.get("order"), None);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lone_torn_first_slot_is_no_loss() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment-marks.json");
+        std::fs::write(slot(&path, 1), b"{\"seq\":1,\"mar").unwrap();
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(marks.get("order"), None);
+    }
+
+    /// Writes that fail (a full disk, here a directory in the slot's place) keep going to the
+    /// slot they tore: the slot with the newest complete record is never truncated.
+    #[tokio::test(flavor = "current_thread")]
+    async fn failed_writes_never_overwrite_the_last_good_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment-marks.json");
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        marks.record("order", 100).await.unwrap(); // seq 1: slot .b
+        std::fs::create_dir(slot(&path, 2)).unwrap(); // slot .a cannot be written
+        assert!(marks.record("order", 200).await.is_err());
+        assert!(marks.record("order", 300).await.is_err());
+        assert_eq!(
+            marks.get("order"),
+            Some(300),
+            "the mark still rises in memory"
+        );
+        let kept: Record = serde_json::from_slice(&std::fs::read(slot(&path, 1)).unwrap()).unwrap();
+        assert_eq!(
+            kept.marks["order"], 100,
+            "slot .b kept the last good record"
+        );
+        std::fs::remove_dir(slot(&path, 2)).unwrap();
+        marks.record("order", 400).await.unwrap();
+        let on_disk = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(on_disk.get("order"), Some(400));
     }
 }

@@ -351,7 +351,9 @@ impl SegmentEngine {
         match result {
             Ok(Ok((alloc, guarded))) => match guarded {
                 Ok(()) => {
-                    buffer.lock().served += n as u64;
+                    let mut st = buffer.lock();
+                    st.served += n as u64;
+                    st.pass_block(alloc.max_id);
                     Ok(alloc.max_id)
                 }
                 Err(failure) => {
@@ -387,7 +389,9 @@ impl SegmentEngine {
             }
         }
         self.marks.record(tag, max_id).await.map_err(|e| {
-            LoadFailure::Unavailable(format!("cannot record the high-water mark: {e}").into())
+            LoadFailure::Unavailable(
+                format!("cannot record the high-water mark in the state directory: {e}").into(),
+            )
         })
     }
 
@@ -834,9 +838,32 @@ mod tests {
         // ...while a block larger than the step is reserved directly.
         let block_end = engine.next_ids("t", 500).await.unwrap();
         assert_eq!(block_end, 520, "the block follows the preloaded segment");
-        for expected in 3..=20 {
-            assert_eq!(engine.next_ids("t", 1).await.unwrap(), expected);
+        // IDs keep increasing: the rest of 1..=20 is skipped, the next segment is (520, 530].
+        assert_eq!(engine.next_ids("t", 1).await.unwrap(), 521);
+        assert_eq!(engine.next_ids("t", 1).await.unwrap(), 522);
+    }
+
+    /// The newcomer's case: INCR, an INCRBY larger than the step, INCR again, on one node.
+    #[tokio::test(flavor = "current_thread")]
+    async fn ids_increase_across_a_block_larger_than_the_step() {
+        // The step stays 500 (the cap), so every INCRBY 600 is a block from the database.
+        let engine = engine(500, Arc::new(ManualClock::new(0)));
+        engine.create_tag("t", 500, 1, None).await.unwrap();
+        let mut last = 0;
+        for i in 0..3000 {
+            let n = match i % 100 {
+                7 => 600,
+                50 => 50,
+                _ => 1,
+            };
+            let id = engine.next_ids("t", n).await.unwrap();
+            assert!(
+                id - n + 1 > last,
+                "block {}..={id} after {last}",
+                id - n + 1
+            );
+            last = id;
         }
-        assert!(engine.next_ids("t", 1).await.unwrap() > block_end);
+        assert_eq!(engine.next_ids("t", 1).await.unwrap(), last + 1);
     }
 }
