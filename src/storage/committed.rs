@@ -1,11 +1,13 @@
-//! Writes that allocate IDs, lease a worker id or move a fence: each runs in an explicit
-//! transaction that this module begins, and commits, checking the commit, before any result is used.
+//! Writes that allocate IDs, lease a worker id or move a fence: each runs in a top-level
+//! transaction that this module begins and commits, checking the commit, before any result is used.
 
 use std::future::Future;
 
-use sqlx::{Database, Pool, Transaction};
+use sqlx::pool::PoolOptions;
+use sqlx::{Connection, Database, Pool, Transaction, TransactionManager};
 
 use super::StoreError;
+use crate::config::StorageConfig;
 
 /// Runs `work` in a transaction on `pool` and returns its value only once the commit has
 /// succeeded. A row a statement returned is not proof of anything: on SQLite a full disk fails
@@ -24,7 +26,30 @@ where
     Fut: Future<Output = Result<(Transaction<'static, DB>, T), StoreError>>,
 {
     let tx = pool.begin().await?;
+    // A savepoint inside a transaction left open on the connection would "commit" into a
+    // transaction that never commits (see `pool_options`): only a top-level one counts.
+    if DB::TransactionManager::get_transaction_depth(&tx) != 1 {
+        return Err(StoreError::Unavailable(
+            "a pooled connection was still inside an earlier transaction; it is closed, retry"
+                .into(),
+        ));
+    }
     let (tx, value) = work(tx).await.map_err(StoreError::into_write_failure)?;
     tx.commit().await.map_err(StoreError::WriteFailed)?;
     Ok(value)
+}
+
+/// Pool settings shared by every dialect. A connection that still counts itself inside a
+/// transaction when taken from the pool is closed instead of used. SQLite rolls a transaction
+/// back by itself when its COMMIT fails on a full disk; the driver's ROLLBACK then fails too
+/// ("no transaction is active") and its transaction depth stays at one, so the connection's next
+/// "transaction" would be a savepoint whose release commits nothing, while the connection holds
+/// the database's write lock against every other node.
+pub(crate) fn pool_options<DB: Database>(config: &StorageConfig) -> PoolOptions<DB> {
+    PoolOptions::new()
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.acquire_timeout())
+        .before_acquire(|conn: &mut DB::Connection, _| {
+            Box::pin(async move { Ok(!conn.is_in_transaction()) })
+        })
 }

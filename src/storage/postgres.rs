@@ -4,10 +4,10 @@
 use std::str::FromStr;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::Row;
 
-use super::committed::committed;
+use super::committed::{committed, pool_options};
 use super::{insert_error, not_allocated, LeafAlloc, SegmentStore, StoreError};
 use crate::config::StorageConfig;
 
@@ -19,11 +19,7 @@ impl PostgresStore {
     /// Connects (failing fast on a bad URL or credentials) and migrates when asked to.
     pub async fn open(config: &StorageConfig, migrate: bool) -> Result<PostgresStore, StoreError> {
         let options = PgConnectOptions::from_str(&config.url)?;
-        let pool = PgPoolOptions::new()
-            .max_connections(config.max_connections)
-            .acquire_timeout(config.acquire_timeout())
-            .connect_with(options)
-            .await?;
+        let pool = pool_options(config).connect_with(options).await?;
         if migrate {
             sqlx::migrate!("./migrations/postgres").run(&pool).await?;
         }

@@ -6,10 +6,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use sqlx::Row;
 
-use super::committed::committed;
+use super::committed::{committed, pool_options};
 use super::{insert_error, not_allocated, LeafAlloc, SegmentStore, StoreError};
 use crate::config::StorageConfig;
 
@@ -31,11 +31,7 @@ impl SqliteStore {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(config.max_connections)
-            .acquire_timeout(config.acquire_timeout())
-            .connect_with(options)
-            .await?;
+        let pool = pool_options(config).connect_with(options).await?;
         if migrate {
             sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
         }

@@ -1,0 +1,482 @@
+"""Shared helpers of the reliability scripts: free ports, a leafd node (config file, log file,
+start / readiness / stop), a minimal RESP client with pipelining, and load threads that collect
+every ID they are given, with the checks made on them afterwards (no ID twice, none above the
+database's max_id, IDs of one connection strictly increasing).
+
+Standard library only. Import it from a script in this directory with
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import leafd
+"""
+import array
+import bisect
+import collections
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 right now (nothing reserves it afterwards)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_file(path, seconds):
+    """Waits until `path` exists (a binary being rebuilt); False if it did not appear in time."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+# --- RESP ---------------------------------------------------------------------------------------
+
+class ErrorReply(str):
+    """An error reply (`-KIND message`) as a value: pipelined replies keep coming after one."""
+
+    @property
+    def kind(self):
+        return self.split(" ", 1)[0] if self else "(empty)"
+
+
+class ProtocolError(ConnectionError):
+    """The server sent something that is not RESP: the connection is unusable."""
+
+
+def encode(*args):
+    """One command as a RESP array of bulk strings."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if not isinstance(arg, bytes):
+            arg = str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+    return b"".join(out)
+
+
+class RespConnection:
+    """One client connection. `send` writes any number of commands at once (pipelining);
+    `read_reply` reads the next reply. Errors are returned as ErrorReply values; a closed or
+    broken connection, a timeout or a malformed reply raise an OSError (ConnectionError)."""
+
+    def __init__(self, port, host="127.0.0.1", timeout=10.0):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = self.sock.makefile("rb")
+
+    def send(self, commands):
+        """`commands`: a list of argument tuples, sent in one write."""
+        self.sock.sendall(b"".join(encode(*c) for c in commands))
+
+    def read_reply(self):
+        line = self.reader.readline()
+        if not line:
+            raise ConnectionError("connection closed by the server")
+        if not line.endswith(b"\r\n"):
+            raise ConnectionError(f"connection closed in the middle of a reply ({line[:60]!r})")
+        kind, rest = line[:1], line[1:-2]
+        try:
+            if kind == b":":
+                return int(rest)
+            if kind == b"+":
+                return rest.decode(errors="replace")
+            if kind == b"-":
+                return ErrorReply(rest.decode(errors="replace"))
+            if kind == b"$":
+                n = int(rest)
+                if n < 0:
+                    return None
+                data = self.reader.read(n + 2)
+                if len(data) < n + 2:
+                    raise ConnectionError("connection closed in the middle of a bulk string")
+                return data[:-2]
+            if kind == b"*":
+                n = int(rest)
+                return None if n < 0 else [self.read_reply() for _ in range(n)]
+        except ValueError as e:
+            raise ProtocolError(f"malformed reply {line[:60]!r}: {e}") from None
+        raise ProtocolError(f"unexpected reply type {line[:60]!r}")
+
+    def pipeline(self, commands):
+        """Sends all commands, returns their replies in order."""
+        self.send(commands)
+        return [self.read_reply() for _ in commands]
+
+    def call(self, *args):
+        return self.pipeline([args])[0]
+
+    def close(self):
+        for closer in (self.reader.close, self.sock.close):
+            try:
+                closer()
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# --- a leafd node -------------------------------------------------------------------------------
+
+def _toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return json.dumps(str(value))  # a TOML basic string for paths and URLs
+
+
+def render_toml(sections):
+    """{"storage": {"state_dir": "/x"}, ...} -> TOML text (flat sections only)."""
+    lines = []
+    for section, keys in sections.items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in keys.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+class NodeError(Exception):
+    pass
+
+
+class Node:
+    """One leafd process: its own directory (config file, log file, working directory), a free
+    RESP port on loopback, HTTP on an ephemeral loopback port. `config` is {section: {key: value}}
+    written to leafd.toml (passed with -c); `state_dir` goes to [storage] state_dir (default: the
+    node's directory)."""
+
+    def __init__(self, binary, workdir, name, storage_url, state_dir=None, config=None):
+        self.binary, self.name, self.storage_url = os.path.abspath(binary), name, storage_url
+        self.dir = os.path.join(workdir, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.port = free_port()
+        sections = {"server": {"shutdown_timeout_secs": 2},
+                    "storage": {"state_dir": state_dir or self.dir}}
+        for section, keys in (config or {}).items():
+            sections.setdefault(section, {}).update(keys)
+        self.config_path = os.path.join(self.dir, "leafd.toml")
+        with open(self.config_path, "w") as f:
+            f.write(render_toml(sections))
+        self.log_path = os.path.join(self.dir, "leafd.log")
+        self.process = None
+        self.stopped_on_purpose = False
+
+    def start(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFD_")}
+        env.setdefault("RUST_LOG", "info")
+        env["NO_COLOR"] = "1"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [self.binary, "-c", self.config_path, "--bind", f"127.0.0.1:{self.port}",
+                 "--http-bind", "127.0.0.1:0", "--storage-url", self.storage_url],
+                cwd=self.dir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        return self
+
+    def wait_ready(self, seconds=30):
+        """Until the node answers PING; NodeError (with its last log lines) when it exits or
+        does not answer in time."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise NodeError(f"{self.name}: leafd exited with status {self.process.returncode} "
+                                f"at start\n{self.log_tail()}")
+            try:
+                with RespConnection(self.port, timeout=2) as c:
+                    if c.call("PING") == "PONG":
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise NodeError(f"{self.name}: no reply to PING on port {self.port} in {seconds} s\n{self.log_tail()}")
+
+    def create_tag(self, tag, step):
+        """LEAF.TAG CREATE; a tag that already exists (made by another node) is fine."""
+        with RespConnection(self.port) as c:
+            reply = c.call("LEAF.TAG", "CREATE", tag, step)
+        if reply != "OK" and not (isinstance(reply, ErrorReply) and "already exists" in reply):
+            raise NodeError(f"{self.name}: LEAF.TAG CREATE {tag} {step} answered {reply!r}")
+
+    def running(self):
+        return self.process is not None and self.process.poll() is None
+
+    def died(self):
+        """The exit status if the node exited without being stopped by us, else None."""
+        if self.process is None or self.stopped_on_purpose:
+            return None
+        return self.process.poll()
+
+    def terminate(self):
+        """SIGTERM to this node's own process, if it still runs."""
+        if self.process is not None and self.process.poll() is None:
+            self.stopped_on_purpose = True
+            self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, seconds=5):
+        """SIGTERM, then SIGKILL after `seconds`."""
+        stop_all([self], seconds)
+
+    def kill(self):
+        if self.process is not None and self.process.poll() is None:
+            self.stopped_on_purpose = True
+            self.process.kill()
+            self.process.wait(10)
+
+    def log_tail(self, lines=15, width=300):
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 64 * 1024))
+                text = f.read().decode(errors="replace").splitlines()[-lines:]
+        except OSError as e:
+            return f"  ({self.name}: no log: {e})"
+        return "\n".join(f"  {self.name}| {line[:width]}" for line in text)
+
+
+def stop_all(nodes, seconds=5):
+    """SIGTERM to all the nodes at once, SIGKILL to those still running after `seconds`."""
+    for node in nodes:
+        node.terminate()
+    deadline = time.monotonic() + seconds
+    for node in nodes:
+        if node.process is None:
+            continue
+        try:
+            node.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            node.process.kill()
+            node.process.wait(10)
+
+
+# --- load and ID collection ---------------------------------------------------------------------
+
+INCR, INCRBY, SNOWFLAKE = "incr", "incrby", "snowflake"
+
+
+def command_of(kind, tag, n=1):
+    if kind == INCR:
+        return ("INCR", f"segment:{tag}")
+    if kind == INCRBY:
+        return ("INCRBY", f"segment:{tag}", n)
+    return ("SNOWFLAKE",)
+
+
+class Loader(threading.Thread):
+    """One client of one node: sends the batches `make_batch()` returns (a list of (kind, n)
+    with kind INCR, INCRBY or SNOWFLAKE), pipelined, reads every reply and keeps every ID it was
+    given, until `stop` is set. A dropped connection is counted and replaced by a new one; the
+    replies read before the drop count. Per connection, segment replies must strictly increase:
+    each reply's first ID (last - n + 1 for INCRBY) above the previous reply's last ID."""
+
+    def __init__(self, node, name, tag, make_batch, stop, timeout=10.0, pause_after_error=0.01):
+        super().__init__(daemon=True, name=name)
+        self.node, self.tag, self.make_batch, self.stop_event = node, tag, make_batch, stop
+        self.timeout, self.pause_after_error = timeout, pause_after_error
+        self.singles = array.array("q")    # INCR replies (one ID each)
+        self.blocks = []                   # INCRBY replies: (first, last)
+        self.snowflakes = array.array("q")
+        self.timeline = []                 # (monotonic time a batch ended, segment IDs, snowflake IDs)
+        self.errors = collections.Counter()  # error replies by first word
+        self.error_examples = {}
+        self.drops = collections.Counter()   # connections lost, by reason
+        self.unexpected = []                 # replies of the wrong type
+        self.order_violations = 0
+        self.order_examples = []
+        self.connections = 0
+
+    def run(self):
+        while not self.stop_event.is_set():
+            try:
+                conn = RespConnection(self.node.port, timeout=self.timeout)
+            except OSError as e:
+                self.drops[f"connect: {type(e).__name__}"] += 1
+                self.stop_event.wait(0.05)
+                continue
+            self.connections += 1
+            try:
+                self._serve(conn)
+            except OSError as e:  # ConnectionError, timeouts, ProtocolError
+                self.drops[f"{type(e).__name__}: {e}"[:80]] += 1
+                self.stop_event.wait(0.02)
+            finally:
+                conn.close()
+
+    def _serve(self, conn):
+        previous = None  # last ID of this connection's previous segment reply
+        while not self.stop_event.is_set():
+            batch = self.make_batch()
+            conn.send([command_of(kind, self.tag, n) for kind, n in batch])
+            segment_ids = snowflake_ids = 0
+            errored = False
+            for kind, n in batch:
+                reply = conn.read_reply()
+                if isinstance(reply, ErrorReply):
+                    self.errors[reply.kind] += 1
+                    self.error_examples.setdefault(reply.kind, str(reply)[:200])
+                    errored = True
+                    continue
+                if type(reply) is not int:
+                    self.unexpected.append(f"{kind}: {reply!r}"[:120])
+                    continue
+                if kind == SNOWFLAKE:
+                    self.snowflakes.append(reply)
+                    snowflake_ids += 1
+                    continue
+                first = reply - n + 1
+                if kind == INCR:
+                    self.singles.append(reply)
+                else:
+                    self.blocks.append((first, reply))
+                segment_ids += n
+                if previous is not None and first <= previous:
+                    self.order_violations += 1
+                    if len(self.order_examples) < 5:
+                        what = f"INCRBY {n} -> {first}..{reply}" if kind == INCRBY else f"INCR -> {reply}"
+                        self.order_examples.append(f"{self.name} connection {self.connections}: "
+                                                   f"after {previous}, {what}")
+                previous = reply
+            self.timeline.append((time.monotonic(), segment_ids, snowflake_ids))
+            if errored:
+                self.stop_event.wait(self.pause_after_error)
+
+    def served_between(self, since, until=float("inf")):
+        """(segment IDs, snowflake IDs) of the batches that ended in [since, until)."""
+        seg = sf = 0
+        for t, s, f in self.timeline:
+            if since <= t < until:
+                seg += s
+                sf += f
+        return seg, sf
+
+    def segment_count(self):
+        return len(self.singles) + sum(last - first + 1 for first, last in self.blocks)
+
+
+def standard_load(node, tag, stop, clients=8, batch=10, incrby=2500, incrby_every=5, rng=None):
+    """The usual mix on one node: clients - 2 connections of INCR, one of INCR with an
+    INCRBY <incrby> in about one batch of `incrby_every`, one of SNOWFLAKE; `batch` commands per
+    pipelined batch. Returns the (not yet started) loaders."""
+    import random
+    rng = rng or random.Random()
+    rng_lock = threading.Lock()
+
+    def incr_batch():
+        return [(INCR, 1)] * batch
+
+    def mixed_batch():
+        commands = [(INCR, 1)] * batch
+        with rng_lock:
+            if rng.randrange(incrby_every) == 0:
+                commands[rng.randrange(batch)] = (INCRBY, incrby)
+        return commands
+
+    def snowflake_batch():
+        return [(SNOWFLAKE, 1)] * batch
+
+    loaders = [Loader(node, f"{node.name}/incr-{i}", tag, incr_batch, stop) for i in range(clients - 2)]
+    loaders.append(Loader(node, f"{node.name}/incrby", tag, mixed_batch, stop))
+    loaders.append(Loader(node, f"{node.name}/snowflake", tag, snowflake_batch, stop))
+    return loaders
+
+
+class IdReport:
+    """The checks over all loaders of a run (all nodes, all connections)."""
+
+    def __init__(self, loaders, max_id):
+        self.max_id = max_id
+        singles = sorted(itertools.chain.from_iterable(l.singles for l in loaders))
+        blocks = sorted(b for l in loaders for b in l.blocks)
+        self.segment_ids = len(singles) + sum(last - first + 1 for first, last in blocks)
+        # Distinct IDs: the union of the blocks, plus the distinct singles outside it.
+        merged = []
+        examples = []
+        for first, last in blocks:
+            if merged and first <= merged[-1][1]:
+                if len(examples) < 5:
+                    examples.append(first)
+                merged[-1][1] = max(merged[-1][1], last)
+            else:
+                merged.append([first, last])
+        distinct = sum(last - first + 1 for first, last in merged)
+        j, previous = 0, None
+        for v in singles:
+            if v == previous:
+                if len(examples) < 5 and v not in examples:
+                    examples.append(v)
+                continue
+            previous = v
+            while j < len(merged) and merged[j][1] < v:
+                j += 1
+            if j < len(merged) and merged[j][0] <= v:
+                if len(examples) < 5 and v not in examples:
+                    examples.append(v)
+                continue
+            distinct += 1
+        self.repeats = self.segment_ids - distinct
+        self.repeat_examples = [f"{v} from {', '.join(self._sources(loaders, v))}" for v in examples]
+        # Served above the database's max_id (each time served).
+        tops = ([singles[-1]] if singles else []) + [last for first, last in blocks]
+        self.highest = max(tops) if tops else None
+        if max_id is None:
+            self.above_max = self.segment_ids  # no row: nothing may have been served
+            above = singles[:1] + [b[0] for b in blocks[:1]]
+        else:
+            cut = bisect.bisect_right(singles, max_id)
+            self.above_max = len(singles) - cut + sum(
+                max(0, last - max(first, max_id + 1) + 1) for first, last in blocks)
+            above = singles[cut:cut + 1] + [max(first, max_id + 1) for first, last in blocks if last > max_id][:1]
+        self.above_examples = [f"{v} from {', '.join(self._sources(loaders, v))}" for v in sorted(above)[:3]]
+        snowflakes = list(itertools.chain.from_iterable(l.snowflakes for l in loaders))
+        self.snowflake_ids = len(snowflakes)
+        self.snowflake_repeats = len(snowflakes) - len(set(snowflakes))
+        self.order_violations = sum(l.order_violations for l in loaders)
+        self.order_examples = [e for l in loaders for e in l.order_examples][:5]
+        self.errors = sum((l.errors for l in loaders), collections.Counter())
+        self.error_examples = {}
+        for l in loaders:
+            for kind, text in l.error_examples.items():
+                self.error_examples.setdefault(kind, text)
+        self.drops = sum(sum(l.drops.values()) for l in loaders)
+        self.drop_reasons = sum((l.drops for l in loaders), collections.Counter())
+        self.unexpected = [u for l in loaders for u in l.unexpected]
+
+    @staticmethod
+    def _sources(loaders, v):
+        names = []
+        for l in loaders:
+            times = l.singles.count(v) + sum(1 for first, last in l.blocks if first <= v <= last)
+            if times:
+                names.append(l.name if times == 1 else f"{l.name} x{times}")
+        return names
+
+    def failures(self):
+        out = []
+        if self.repeats:
+            out.append(f"{self.repeats} segment IDs served more than once, e.g. {self.repeat_examples}")
+        if self.above_max:
+            out.append(f"{self.above_max} segment IDs above the database's max_id {self.max_id}, "
+                       f"e.g. {self.above_examples}")
+        if self.order_violations:
+            out.append(f"{self.order_violations} order violations (a connection's segment IDs went "
+                       f"back), e.g. {self.order_examples}")
+        if self.snowflake_repeats:
+            out.append(f"{self.snowflake_repeats} snowflake IDs served more than once")
+        if self.unexpected:
+            out.append(f"{len(self.unexpected)} replies of an unexpected type, e.g. {self.unexpected[:3]}")
+        return out
+
+    def summary(self, label, extra=""):
+        errors = dict(sorted(self.errors.items()))
+        return (f"{label}: {self.segment_ids} segment IDs + {self.snowflake_ids} snowflake IDs checked, "
+                f"repeats {self.repeats}, above database max_id {self.above_max}, "
+                f"order violations {self.order_violations}, snowflake repeats {self.snowflake_repeats}, "
+                f"errors {errors}{extra}")
