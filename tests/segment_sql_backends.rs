@@ -279,6 +279,74 @@ async fn a_database_gone_back_is_refused_until_skipped(url: &str) {
     server.stop().await;
 }
 
+/// PostgreSQL: a deferred constraint trigger makes the COMMIT fail after `UPDATE … RETURNING`
+/// returned its row (as a full disk does on SQLite). The node serves nothing of that range,
+/// replies `UNAVAILABLE … database write failed: <cause>`, the row keeps its `max_id`, and once
+/// commits pass again the node serves the very range that was refused: it was never handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_failed_commit_hands_out_nothing() {
+    let Some(url) = Backend::Postgres
+        .fresh_database("postgres_a_failed_commit_hands_out_nothing")
+        .await
+    else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let mut config = config_for(&url);
+    config.storage.state_dir = state.path().display().to_string();
+    config.segment.adaptive_step = false;
+    let server = TestServer::start(config).await;
+    let tag = unique_tag("commitfail");
+    create_tag(&server, &tag, 100, None).await;
+    let mut db = sqlx::PgConnection::connect(&url).await.unwrap();
+    for statement in [
+        "CREATE TABLE refuse_commit (biz_tag VARCHAR(128) PRIMARY KEY)",
+        "CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         IF EXISTS (SELECT 1 FROM refuse_commit WHERE biz_tag = NEW.biz_tag) THEN \
+         RAISE EXCEPTION 'commit refused by the test'; END IF; RETURN NULL; END $$",
+        "CREATE CONSTRAINT TRIGGER refuse_commit AFTER UPDATE ON leaf_alloc \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_commit()",
+    ] {
+        sqlx::query(statement).execute(&mut db).await.unwrap();
+    }
+    sqlx::query("INSERT INTO refuse_commit VALUES ($1)")
+        .bind(&tag)
+        .execute(&mut db)
+        .await
+        .unwrap();
+    let mut raw = server.raw().await;
+    let refused = incr(&mut raw, &tag).await;
+    assert!(
+        refused.starts_with(&format!(
+            "-UNAVAILABLE segment for '{tag}' exhausted and database write failed: "
+        )) && refused.contains("commit refused by the test"),
+        "{refused}"
+    );
+    let max_id: i64 = sqlx::query_scalar("SELECT max_id FROM leaf_alloc WHERE biz_tag = $1")
+        .bind(&tag)
+        .fetch_one(&mut db)
+        .await
+        .unwrap();
+    assert_eq!(max_id, 0, "the failed commit left the row as it was");
+
+    sqlx::query("DELETE FROM refuse_commit")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    // The load backs off for up to a few hundred ms after the failure.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let first = loop {
+        let reply = incr(&mut raw, &tag).await;
+        if reply.starts_with(':') {
+            break reply;
+        }
+        assert!(Instant::now() < deadline, "still refused: {reply}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(first.trim(), ":1", "the refused range was never served");
+    server.stop().await;
+}
+
 macro_rules! backend_tests {
     ($module:ident, $backend:expr) => {
         mod $module {
