@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, Criterion};
-use leafd::engine::clock::SystemClock;
+use leafd::clock::SystemClock;
 use leafd::engine::segment::{SegmentEngine, SegmentSettings};
 use leafd::engine::snowflake::{Attempt, IssueLimit, Layout, SnowflakeEngine};
 use leafd::metrics::Metrics;

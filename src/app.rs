@@ -7,15 +7,16 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, ConfigError, CoordinatorKind};
+use crate::clock::{Clock, SystemClock};
+use crate::config::{Config, ConfigError, CoordinatorKind, SegmentConfig, SnowflakeConfig};
 use crate::coord::fence::FenceSettings;
 use crate::coord::fence_file::FenceFile;
 use crate::coord::static_id::StaticCoordinator;
 use crate::coord::zookeeper::{ZkCoordinator, ZkShared};
 use crate::coord::{self, CoordError, Coordinator, Worker};
-use crate::engine::clock::{Clock, SystemClock};
+use crate::engine::segment::{validate_tag_name, MAX_TAG_START};
 use crate::engine::segment::{SegmentEngine, SegmentError, SegmentSettings};
-use crate::engine::snowflake::SnowflakeEngine;
+use crate::engine::snowflake::{Layout, SnowflakeEngine};
 use crate::metrics::Metrics;
 use crate::storage::{self, DeferredStore, OnRuntime, SegmentMarks, SegmentStore, StoreError};
 
@@ -61,6 +62,53 @@ pub struct App {
     shutdown: CancellationToken,
 }
 
+/// Everything a configuration must satisfy before leafd starts: its own checks
+/// ([`Config::validate`]) and the engines' rules (the snowflake layout, tag names).
+pub fn validate_config(config: &Config) -> Result<(), ConfigError> {
+    config.validate()?;
+    let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+    let sf = &config.snowflake;
+    let layout = snowflake_layout(sf);
+    layout.validate().or_else(invalid)?;
+    if sf.coordinator == CoordinatorKind::Static && sf.worker_id > layout.max_worker_id() {
+        return invalid(format!(
+            "snowflake.worker_id {} does not fit in {} bits",
+            sf.worker_id, sf.worker_id_bits
+        ));
+    }
+    for seed in &config.segment.tags {
+        validate_tag_name(&seed.tag)
+            .or_else(|e| invalid(format!("segment.tags '{}': {e}", seed.tag)))?;
+        if !(1..=MAX_TAG_START).contains(&seed.start) {
+            return invalid(format!(
+                "segment.tags '{}': start must be between 1 and {MAX_TAG_START}",
+                seed.tag
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The snowflake layout the `[snowflake]` section describes.
+pub fn snowflake_layout(sf: &SnowflakeConfig) -> Layout {
+    Layout {
+        epoch_ms: sf.epoch_ms,
+        timestamp_bits: sf.timestamp_bits,
+        worker_bits: sf.worker_id_bits,
+        sequence_bits: sf.sequence_bits,
+    }
+}
+
+/// The segment engine's tuning from the `[segment]` section.
+fn segment_settings(c: &SegmentConfig) -> SegmentSettings {
+    SegmentSettings {
+        adaptive_step: c.adaptive_step,
+        max_step: c.max_step,
+        load_timeout: Duration::from_millis(c.load_timeout_ms),
+        max_tags: c.max_tags,
+    }
+}
+
 impl App {
     /// Validates the config, opens and migrates the configured store, and starts the engine.
     /// A database that is merely unreachable does not stop the start: segment commands reply
@@ -75,7 +123,7 @@ impl App {
         config: Config,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<App>, AppError> {
-        config.validate()?;
+        validate_config(&config)?;
         match storage::open(&config.storage, config.storage.migrate).await {
             Ok(store) => App::with_store(config, store, clock).await,
             Err(err) if err.is_transient() => {
@@ -135,7 +183,7 @@ impl App {
         let segments = SegmentEngine::new(
             store,
             marks,
-            SegmentSettings::from(&config.segment),
+            segment_settings(&config.segment),
             clock,
             metrics.clone(),
         );
@@ -269,7 +317,7 @@ impl App {
                 .absolute(st.clock_backward_events.load(Ordering::Relaxed));
             m.gauge(SNOWFLAKE_WORKER_ID, &[])
                 .set(engine.worker_id() as f64);
-            let now = crate::engine::clock::Clock::now_millis(&SystemClock) as f64;
+            let now = crate::clock::Clock::now_millis(&SystemClock) as f64;
             let limit = engine.limit();
             m.gauge(SNOWFLAKE_FENCE_AHEAD_SECONDS, &[])
                 .set((limit.fence_ms() as f64 - now) / 1000.0);
@@ -283,7 +331,7 @@ impl App {
         if let Some(zk) = &self.zookeeper {
             m.gauge(ZOOKEEPER_CONNECTED, &[])
                 .set(zk.connected() as u8 as f64);
-            let now = crate::engine::clock::Clock::now_millis(&SystemClock);
+            let now = crate::clock::Clock::now_millis(&SystemClock);
             m.gauge(ZOOKEEPER_LAST_REPORT_AGE_SECONDS, &[])
                 .set(now.saturating_sub(zk.last_report_ms()) as f64 / 1000.0);
         }
@@ -364,7 +412,7 @@ async fn start_snowflake(
     if !sf.enabled {
         return Ok(StartedSnowflake::default());
     }
-    let layout = sf.layout();
+    let layout = snowflake_layout(sf);
     let mut zookeeper = None;
     let coordinator: Box<dyn Coordinator> = match sf.coordinator {
         CoordinatorKind::Static => Box::new(StaticCoordinator {
@@ -409,7 +457,7 @@ async fn start_snowflake(
     let fence_file = FenceFile::new(sf.fence_path(&config.storage));
     let worker = coord::start(
         coordinator.as_ref(),
-        &layout,
+        layout.epoch_ms,
         fence_file,
         settings,
         clock.clone(),

@@ -7,8 +7,6 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::protocol::RequestLimits;
-
 /// Whole-server configuration. Every field has a default, so an empty file is valid.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -134,7 +132,6 @@ const MAX_IO_THREADS: usize = 1024;
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        let limits = RequestLimits::default();
         Self {
             bind: "127.0.0.1:6380".into(),
             max_clients: 10_000,
@@ -147,10 +144,10 @@ impl Default for ServerConfig {
             max_multi_commands: 10_000,
             protected_mode: true,
             io_threads: 0,
-            max_inline_len: limits.max_inline_len,
-            max_bulk_len: limits.max_bulk_len,
-            max_array_len: limits.max_array_len,
-            max_request_len: limits.max_request_len,
+            max_inline_len: 64 * 1024,
+            max_bulk_len: 512 * 1024,
+            max_array_len: 1024,
+            max_request_len: 4 * 1024 * 1024,
         }
     }
 }
@@ -204,15 +201,6 @@ impl ServerConfig {
     pub fn auth_required(&self) -> bool {
         self.requirepass.is_some() || !self.users.is_empty()
     }
-
-    pub fn request_limits(&self) -> RequestLimits {
-        RequestLimits {
-            max_inline_len: self.max_inline_len,
-            max_bulk_len: self.max_bulk_len,
-            max_array_len: self.max_array_len,
-            max_request_len: self.max_request_len,
-        }
-    }
 }
 
 impl fmt::Debug for ServerConfig {
@@ -229,7 +217,10 @@ impl fmt::Debug for ServerConfig {
             .field("users", &self.users)
             .field("max_incrby", &self.max_incrby)
             .field("io_threads", &self.io_threads)
-            .field("limits", &self.request_limits())
+            .field("max_inline_len", &self.max_inline_len)
+            .field("max_bulk_len", &self.max_bulk_len)
+            .field("max_array_len", &self.max_array_len)
+            .field("max_request_len", &self.max_request_len)
             .finish()
     }
 }
@@ -414,13 +405,13 @@ pub struct SnowflakeConfig {
 
 impl Default for SnowflakeConfig {
     fn default() -> Self {
-        let layout = crate::engine::snowflake::Layout::default();
         Self {
             enabled: true,
-            epoch_ms: layout.epoch_ms,
-            timestamp_bits: layout.timestamp_bits,
-            worker_id_bits: layout.worker_bits,
-            sequence_bits: layout.sequence_bits,
+            // Twitter's epoch and bit split, as Leaf uses them.
+            epoch_ms: 1_288_834_974_657,
+            timestamp_bits: 41,
+            worker_id_bits: 10,
+            sequence_bits: 12,
             max_backward_ms: 5,
             max_batch: 4096,
             coordinator: CoordinatorKind::Database,
@@ -443,15 +434,6 @@ impl SnowflakeConfig {
             return self.fence_file.clone().into();
         }
         storage.state_dir().join("snowflake-fence.json")
-    }
-
-    pub fn layout(&self) -> crate::engine::snowflake::Layout {
-        crate::engine::snowflake::Layout {
-            epoch_ms: self.epoch_ms,
-            timestamp_bits: self.timestamp_bits,
-            worker_bits: self.worker_id_bits,
-            sequence_bits: self.sequence_bits,
-        }
     }
 }
 
@@ -537,22 +519,6 @@ pub enum ConfigError {
     },
     #[error("invalid configuration: {0}")]
     Invalid(String),
-}
-
-/// Longest tag name, the width of `leaf_alloc.biz_tag`.
-pub const MAX_TAG_LEN: usize = 128;
-/// Largest first ID accepted for a tag, leaving room for billions of segments before i64 ends.
-pub const MAX_TAG_START: i64 = 1 << 62;
-
-/// Checks a tag name: 1–128 bytes of printable ASCII other than space.
-pub fn validate_tag_name(tag: &str) -> Result<(), String> {
-    if tag.is_empty() || tag.len() > MAX_TAG_LEN {
-        return Err(format!("tag must be 1 to {MAX_TAG_LEN} bytes long"));
-    }
-    if !tag.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("tag may only contain printable ASCII characters without spaces".into());
-    }
-    Ok(())
 }
 
 impl Config {
@@ -653,13 +619,6 @@ impl Config {
             return invalid("segment.refresh_interval_secs and load_timeout_ms must be > 0".into());
         }
         let sf = &self.snowflake;
-        sf.layout().validate().or_else(invalid)?;
-        if sf.coordinator == CoordinatorKind::Static && sf.worker_id > sf.layout().max_worker_id() {
-            return invalid(format!(
-                "snowflake.worker_id {} does not fit in {} bits",
-                sf.worker_id, sf.worker_id_bits
-            ));
-        }
         if sf.max_batch == 0 || sf.max_batch > 100_000 {
             return invalid("snowflake.max_batch must be between 1 and 100000".into());
         }
@@ -693,18 +652,10 @@ impl Config {
             }
         }
         for seed in &self.segment.tags {
-            validate_tag_name(&seed.tag)
-                .or_else(|e| invalid(format!("segment.tags '{}': {e}", seed.tag)))?;
             if !(1..=self.segment.max_step).contains(&seed.step) {
                 return invalid(format!(
                     "segment.tags '{}': step must be between 1 and {}",
                     seed.tag, self.segment.max_step
-                ));
-            }
-            if !(1..=MAX_TAG_START).contains(&seed.start) {
-                return invalid(format!(
-                    "segment.tags '{}': start must be between 1 and {MAX_TAG_START}",
-                    seed.tag
                 ));
             }
         }
@@ -742,9 +693,9 @@ mod tests {
             Config::from_toml("[server]\nbindd = \"x\""),
             Err(ConfigError::Parse { .. })
         ));
-        let cfg = Config::from_toml("[[segment.tags]]\ntag = \"a b\"\nstep = 10").unwrap();
+        let cfg = Config::from_toml("[[segment.tags]]\ntag = \"a\"\nstep = 0").unwrap();
         let err = cfg.validate().unwrap_err().to_string();
-        assert!(err.contains("printable ASCII"), "{err}");
+        assert!(err.contains("step must be between 1 and"), "{err}");
     }
 
     #[test]

@@ -320,7 +320,7 @@ async fn snowflake_id(
 
 /// `GET /decode/{id}`: the fields of a snowflake ID as JSON.
 async fn decode(_: Caller, State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    let layout = app.config.snowflake.layout();
+    let layout = crate::app::snowflake_layout(&app.config.snowflake);
     let Some(fields) = id.parse::<i64>().ok().and_then(|id| layout.decode(id)) else {
         return text(
             StatusCode::BAD_REQUEST,

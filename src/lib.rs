@@ -14,6 +14,7 @@
 pub mod access;
 pub mod app;
 pub mod auth;
+pub mod clock;
 pub mod cmd;
 pub mod config;
 pub mod coord;

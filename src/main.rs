@@ -79,7 +79,7 @@ impl Cli {
         if let Some(v) = self.idle_timeout_secs {
             config.server.idle_timeout_secs = v;
         }
-        config.validate()?;
+        leafd::app::validate_config(&config)?;
         Ok(config)
     }
 }

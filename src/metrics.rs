@@ -452,3 +452,9 @@ impl Metrics {
         out
     }
 }
+
+impl crate::engine::segment::LoadObserver for Metrics {
+    fn load_finished(&self, tag: &str, elapsed: Duration) {
+        self.segment_load(tag, elapsed);
+    }
+}

@@ -48,7 +48,7 @@ fn compose_services_mounts_ports_and_configs_are_consistent() {
         let (host, container) = mount.split_once(':').unwrap();
         assert!(container.starts_with("/etc/leafd/leafd.toml"), "{mount}");
         let config = Config::from_file(Path::new(host)).unwrap();
-        config.validate().unwrap();
+        leafd::app::validate_config(&config).unwrap();
         assert!(config
             .storage
             .url

@@ -215,7 +215,7 @@ async fn users_authenticate_and_only_admins_manage_tags() {
          [[server.users]]\nname = \"ops\"\npassword = \"opspw\"\nadmin = true\n",
     )
     .unwrap();
-    config.validate().unwrap();
+    leafd::app::validate_config(&config).unwrap();
     let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await;
     let mut app = server.raw().await;
     assert_eq!(

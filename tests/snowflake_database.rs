@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::backends::Backend;
 use leafd::app::App;
+use leafd::clock::{Clock, SystemClock};
 use leafd::config::{Config, CoordinatorKind};
-use leafd::engine::clock::{Clock, SystemClock};
 use leafd::engine::snowflake::Layout;
 
 fn node_config(url: &str, state: &tempfile::TempDir, lease_ms: u64) -> Config {
@@ -159,7 +159,7 @@ async fn the_fence_in_the_row_outlives_the_node() {
     app.close().await;
     // Another node, its own state directory, its clock 60 s behind: the id's fence stops it.
     let other = tempfile::tempdir().unwrap();
-    let behind = Arc::new(leafd::engine::clock::OffsetClock::new(
+    let behind = Arc::new(leafd::clock::OffsetClock::new(
         Arc::new(SystemClock),
         -60_000,
     ));

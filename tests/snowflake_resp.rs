@@ -143,8 +143,8 @@ async fn disabled_snowflake_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarts_with_the_clock_stepped_back_never_repeat_an_id() {
     use leafd::app::{App, AppError};
+    use leafd::clock::{Clock, OffsetClock, SystemClock};
     use leafd::coord::CoordError;
-    use leafd::engine::clock::{Clock, OffsetClock, SystemClock};
 
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::default();
@@ -202,7 +202,7 @@ async fn an_epoch_in_the_future_is_refused_at_start() {
     let err = leafd::app::App::with_store(
         common::own_state_dir(config),
         Arc::new(MemoryStore::new()),
-        Arc::new(leafd::engine::clock::SystemClock),
+        Arc::new(leafd::clock::SystemClock),
     )
     .await
     .err()

@@ -10,10 +10,10 @@ use std::time::Duration;
 use common::backends::required_env;
 use common::proxy::TcpProxy;
 use common::scenarios::unique_tag;
+use leafd::clock::{Clock, OffsetClock, SystemClock};
 use leafd::config::{CoordinatorKind, ZookeeperConfig};
 use leafd::coord::zookeeper::{self, ZkWorker};
 use leafd::coord::CoordError;
-use leafd::engine::clock::{Clock, OffsetClock, SystemClock};
 use leafd::engine::snowflake::Layout;
 
 const MAX_WORKER_ID: u64 = 1023;

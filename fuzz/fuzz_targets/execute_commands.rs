@@ -9,7 +9,7 @@ use bytes::{Buf, BytesMut};
 use leafd::app::App;
 use leafd::cmd::{self, Session};
 use leafd::config::Config;
-use leafd::engine::clock::SystemClock;
+use leafd::clock::SystemClock;
 use leafd::metrics::BatchMetrics;
 use leafd::protocol::{Args, RequestDecoder, RequestLimits, RespVersion};
 use leafd::storage::MemoryStore;

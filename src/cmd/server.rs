@@ -164,7 +164,7 @@ pub fn info(args: &[&[u8]], app: &Arc<App>) -> Reply {
             );
         }
         if let Some(zk) = &app.zookeeper {
-            let age = crate::engine::clock::Clock::now_millis(&crate::engine::clock::SystemClock)
+            let age = crate::clock::Clock::now_millis(&crate::clock::SystemClock)
                 .saturating_sub(zk.last_report_ms());
             let _ = write!(
                 out,

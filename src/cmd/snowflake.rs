@@ -109,7 +109,7 @@ pub fn decode(args: &[&[u8]], app: &Arc<App>) -> Reply {
         Ok(id) => id,
         Err(reply) => return reply,
     };
-    let layout = app.config.snowflake.layout();
+    let layout = crate::app::snowflake_layout(&app.config.snowflake);
     let Some(fields) = layout.decode(id) else {
         return Reply::error("ERR a snowflake ID is a positive integer");
     };

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::{CoordError, Coordinator, HeldWorker};
-use crate::engine::clock::Clock;
-use crate::engine::snowflake::IssueLimit;
+use crate::clock::Clock;
+use crate::coord::IssueLimit;
 use crate::storage::WorkerLeaseStore;
 
 /// What this node remembers between runs: the id it held, to ask for it first.

@@ -8,8 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::fence_file::FenceFile;
 use super::CoordError;
-use crate::engine::clock::Clock;
-use crate::engine::snowflake::IssueLimit;
+use crate::clock::Clock;
+use crate::coord::IssueLimit;
 
 /// How the fence is kept.
 #[derive(Debug, Clone, Copy)]
@@ -167,7 +167,7 @@ impl FenceKeeper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::clock::{ManualClock, SystemClock};
+    use crate::clock::{ManualClock, SystemClock};
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_small_gap_is_waited_out_a_large_one_refused() {

@@ -6,16 +6,18 @@ pub mod database;
 pub mod fence;
 pub mod fence_file;
 pub mod identity;
+mod limit;
 pub mod static_id;
 pub mod zookeeper;
+
+pub use limit::IssueLimit;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::clock::Clock;
-use crate::engine::snowflake::{IssueLimit, Layout};
+use crate::clock::Clock;
 use fence::{FenceKeeper, FenceSettings};
 use fence_file::FenceFile;
 
@@ -106,16 +108,16 @@ impl Worker {
 /// refuses), makes the first fence durable, and keeps extending it in the background.
 pub async fn start(
     coordinator: &dyn Coordinator,
-    layout: &Layout,
+    epoch_ms: u64,
     fence_file: FenceFile,
     settings: FenceSettings,
     clock: Arc<dyn Clock>,
 ) -> Result<Worker, CoordError> {
     let now = clock.now_millis();
-    if now <= layout.epoch_ms {
+    if now <= epoch_ms {
         return Err(CoordError::EpochInFuture {
-            epoch_ms: layout.epoch_ms,
-            ahead_ms: layout.epoch_ms - now,
+            epoch_ms,
+            ahead_ms: epoch_ms - now,
         });
     }
     let limit = Arc::new(IssueLimit::new());

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{CoordError, Coordinator, HeldWorker};
-use crate::engine::snowflake::IssueLimit;
+use crate::coord::IssueLimit;
 
 pub struct StaticCoordinator {
     pub worker_id: u64,

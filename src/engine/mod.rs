@@ -1,6 +1,5 @@
-//! ID engines and what they share: the segment allocator (database-backed) and the
-//! clock abstraction that lets tests drive time by hand.
+//! The two ID engines: segment (ranges reserved in a database, handed out from memory) and
+//! snowflake (time, worker id and sequence packed into 63 bits).
 
-pub mod clock;
 pub mod segment;
 pub mod snowflake;

@@ -6,7 +6,7 @@ use bytes::{Bytes, BytesMut};
 use redis_protocol::resp2::{decode::decode_range, types::RangeFrame};
 
 /// Upper bounds on what one request may contain; exceeding one is a protocol error.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestLimits {
     /// Longest inline command line, in bytes (Redis: 64 KiB).
     pub max_inline_len: usize,

@@ -15,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
 use crate::cmd::{self, Session};
+use crate::config::ServerConfig;
 use crate::metrics::BatchMetrics;
-use crate::protocol::{Args, Reply, RequestDecoder};
+use crate::protocol::{Args, Reply, RequestDecoder, RequestLimits};
 
 use super::spare;
 
@@ -138,6 +139,16 @@ pub(crate) async fn close_gracefully(mut stream: impl ClientStream) {
     .await;
 }
 
+/// The decoder's limits, from the `[server]` section.
+pub(crate) fn request_limits(server: &ServerConfig) -> RequestLimits {
+    RequestLimits {
+        max_inline_len: server.max_inline_len,
+        max_bulk_len: server.max_bulk_len,
+        max_array_len: server.max_array_len,
+        max_request_len: server.max_request_len,
+    }
+}
+
 pub(crate) async fn serve(
     mut stream: impl ClientStream,
     peer: SocketAddr,
@@ -145,7 +156,7 @@ pub(crate) async fn serve(
     stop: Stop,
 ) {
     let server = &app.config.server;
-    let decoder = RequestDecoder::new(server.request_limits());
+    let decoder = RequestDecoder::new(request_limits(server));
     let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
     let idle_timeout = secs(server.idle_timeout_secs);
     let write_timeout = secs(server.write_timeout_secs);

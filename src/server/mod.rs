@@ -202,6 +202,13 @@ async fn serve_or_reject(
 
 #[cfg(test)]
 mod tests {
+    /// The `[server]` defaults are the decoder's own defaults (two places, one set of numbers).
+    #[test]
+    fn request_limit_defaults_match_the_decoder() {
+        let limits = super::connection::request_limits(&crate::config::ServerConfig::default());
+        assert_eq!(limits, crate::protocol::RequestLimits::default());
+    }
+
     use std::sync::Arc;
 
     fn future_size<F: std::future::Future>(_: &F) -> usize {
@@ -215,7 +222,7 @@ mod tests {
         let app = crate::app::App::with_store(
             crate::config::Config::default(),
             Arc::new(crate::storage::MemoryStore::new()),
-            Arc::new(crate::engine::clock::SystemClock),
+            Arc::new(crate::clock::SystemClock),
         )
         .await
         .unwrap();

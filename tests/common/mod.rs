@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leafd::app::App;
+use leafd::clock::SystemClock;
 use leafd::config::Config;
-use leafd::engine::clock::SystemClock;
 use leafd::storage::{LeafAlloc, SegmentStore, StoreError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -13,9 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use self::registry::Registry;
 use super::{CoordError, Coordinator, HeldWorker};
+use crate::clock::Clock;
 use crate::config::ZookeeperConfig;
-use crate::engine::clock::Clock;
-use crate::engine::snowflake::IssueLimit;
+use crate::coord::IssueLimit;
 
 /// Connection state for INFO and metrics.
 #[derive(Debug, Default)]

@@ -9,8 +9,8 @@ use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, Stat};
 
 use super::super::cache::{self, CachedWorker};
 use super::super::CoordError;
+use crate::clock::Clock;
 use crate::config::ZookeeperConfig;
-use crate::engine::clock::Clock;
 
 /// What a node stores in its `forever` node.
 #[derive(Debug, Clone, Serialize, Deserialize)]

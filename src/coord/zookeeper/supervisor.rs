@@ -11,7 +11,7 @@ use zookeeper_client::{Client, Error as ZkError, EventType, SessionState};
 
 use super::registry::{persistent, Claim, Registered, Registry};
 use super::ZkShared;
-use crate::engine::snowflake::IssueLimit;
+use crate::coord::IssueLimit;
 
 /// The reason shown once a lease that began at `reported_ms` ends without a new report.
 pub(super) fn lease_problem(reported_ms: u64) -> String {

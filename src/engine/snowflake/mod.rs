@@ -2,16 +2,15 @@
 //! clock rules that make a repeated or decreasing ID impossible.
 
 pub mod layout;
-pub mod limit;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use crate::coord::IssueLimit;
 pub use layout::{Decoded, Layout};
-pub use limit::IssueLimit;
 
-use crate::engine::clock::Clock;
+use crate::clock::Clock;
 
 /// Errors of the snowflake engine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -274,7 +273,7 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
-    use crate::engine::clock::ManualClock;
+    use crate::clock::ManualClock;
 
     const T0: u64 = 1_764_000_000_000;
 
@@ -388,7 +387,7 @@ mod tests {
             Layout::default(),
             3,
             5,
-            Arc::new(crate::engine::clock::SystemClock),
+            Arc::new(crate::clock::SystemClock),
             Arc::new(IssueLimit::unbounded()),
             Duration::ZERO,
         ));

@@ -1,0 +1,169 @@
+//! Loading a tag's segments: one allocation of a tag at a time, each checked against this
+//! node's high-water mark (the rollback guard) and made durable before any ID of it is served.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{step, store_reason};
+use super::{LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer};
+use crate::storage::{LeafAlloc, StoreError};
+
+/// Told the outcome of every segment load (the metrics implement it), so the engine need not
+/// know how they are exported.
+pub trait LoadObserver: Send + Sync + 'static {
+    fn load_finished(&self, tag: &str, elapsed: Duration);
+}
+
+/// No one is told (tests, tools).
+impl LoadObserver for () {
+    fn load_finished(&self, _: &str, _: Duration) {}
+}
+
+impl SegmentEngine {
+    /// A block larger than any segment of the tag: reserved directly in the database.
+    pub(super) async fn allocate_block(
+        &self,
+        buffer: &TagBuffer,
+        n: i64,
+    ) -> Result<i64, SegmentError> {
+        self.stats.request_waits.fetch_add(1, Ordering::Relaxed);
+        let result = tokio::time::timeout(
+            self.settings.load_timeout,
+            self.allocate_guarded(buffer, Some(n)),
+        )
+        .await;
+        match result {
+            Ok(Ok((alloc, guarded))) => match guarded {
+                Ok(()) => {
+                    let mut st = buffer.lock();
+                    st.served += n as u64;
+                    st.pass_block(alloc.max_id);
+                    Ok(alloc.max_id)
+                }
+                Err(failure) => {
+                    if matches!(failure, LoadFailure::Rollback { .. }) {
+                        buffer.lock().rollbacks += 1;
+                    }
+                    Err(self.failure_error(&buffer.name, failure))
+                }
+            },
+            Ok(Err(StoreError::UnknownTag(t))) => {
+                self.forget_tag(&t);
+                Err(SegmentError::UnknownTag(t))
+            }
+            Ok(Err(StoreError::Exhausted(t))) => Err(SegmentError::Exhausted(t)),
+            Ok(Err(e)) => Err(SegmentError::Unavailable {
+                tag: buffer.name.to_string(),
+                reason: store_reason(&e),
+            }),
+            Err(_) => Err(SegmentError::Unavailable {
+                tag: buffer.name.to_string(),
+                reason: "database unreachable: it did not answer in time".into(),
+            }),
+        }
+    }
+
+    /// The rollback guard: the range `(max_id - step, max_id]` must start at or above the
+    /// highest `max_id` this node loaded before; then `max_id` becomes the new mark, on disk.
+    async fn guard(&self, tag: &str, max_id: i64, step: i64) -> Result<(), LoadFailure> {
+        let from = max_id - step + 1;
+        if let Some(mark) = self.marks.get(tag) {
+            if from <= mark {
+                return Err(LoadFailure::Rollback { from, mark });
+            }
+        }
+        self.marks.record(tag, max_id).await.map_err(|e| {
+            LoadFailure::Unavailable(
+                format!("cannot record the high-water mark in the state directory: {e}").into(),
+            )
+        })
+    }
+
+    /// Allocates a range of `buffer`'s tag and runs the rollback guard on it, one allocation
+    /// of the tag at a time. `step` is the range's size (`None`: the row's step).
+    async fn allocate_guarded(
+        &self,
+        buffer: &TagBuffer,
+        step: Option<i64>,
+    ) -> Result<(LeafAlloc, Result<(), LoadFailure>), StoreError> {
+        let _one_at_a_time = buffer.allocating.lock().await;
+        let alloc = self.store.allocate(&buffer.name, step).await?;
+        let guarded = self
+            .guard(&buffer.name, alloc.max_id, step.unwrap_or(alloc.step))
+            .await;
+        Ok((alloc, guarded))
+    }
+
+    pub(super) fn spawn_load(self: &Arc<Self>, buffer: Arc<TagBuffer>) {
+        let engine = self.clone();
+        tokio::spawn(async move { engine.load(&buffer).await });
+    }
+
+    /// Reserves the next segment of a tag and installs it; exactly one runs per tag at a time
+    /// (the caller set `loading`).
+    async fn load(&self, buffer: &TagBuffer) {
+        let requested_step = {
+            let st = buffer.lock();
+            match st.last_load_ms {
+                Some(last) if self.settings.adaptive_step => Some(step::next_step(
+                    st.step,
+                    st.table_step,
+                    self.settings.max_step,
+                    self.clock.now_millis().saturating_sub(last),
+                )),
+                _ => None,
+            }
+        };
+        // Background loads may outlast a request's patience, but never hang for ever.
+        let limit = (self.settings.load_timeout * 5).max(Duration::from_secs(5));
+        let started = std::time::Instant::now();
+        // The range is checked against this node's high-water mark, and the new mark made
+        // durable, before a single ID of it is handed out.
+        let result = match tokio::time::timeout(
+            limit,
+            self.allocate_guarded(buffer, requested_step),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(
+                "database did not answer in time".into(),
+            )),
+        };
+        self.observer.load_finished(&buffer.name, started.elapsed());
+        let outcome = match result {
+            Ok((alloc, Ok(()))) => Ok((alloc.clone(), requested_step.unwrap_or(alloc.step))),
+            Ok((_, Err(failure))) => Err(failure),
+            Err(err) => Err(LoadFailure::from_store(&err)),
+        };
+        let now = self.clock.now_millis();
+        {
+            let mut st = buffer.lock();
+            match outcome {
+                Ok((alloc, step)) => {
+                    self.stats.loads_ok.fetch_add(1, Ordering::Relaxed);
+                    if st.failure.is_some() {
+                        tracing::info!(tag = %buffer.name, "segment loads succeed again");
+                    }
+                    st.install(Segment::granted(alloc.max_id, step), alloc.step, now);
+                }
+                Err(failure) => {
+                    self.stats.loads_failed.fetch_add(1, Ordering::Relaxed);
+                    if matches!(failure, LoadFailure::Rollback { .. }) {
+                        st.rollbacks += 1;
+                    }
+                    if st.failure.is_none() {
+                        let error = self.failure_error(&buffer.name, failure.clone());
+                        tracing::warn!(tag = %buffer.name, %error, "segment load failed; retrying with back-off");
+                    }
+                    st.record_failure(failure, now);
+                }
+            }
+            st.loading = false;
+        }
+        buffer
+            .loaded
+            .send_modify(|generation| *generation = generation.wrapping_add(1));
+    }
+}

@@ -1,0 +1,212 @@
+//! The tag set: tag-name rules, the map re-read from the table (periodically and on a miss),
+//! and the admin operations (create, step, skip).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{store_reason, SegmentEngine, SegmentError, TagBuffer, TagMap};
+use crate::storage::StoreError;
+
+/// Longest tag name, the width of `leaf_alloc.biz_tag`.
+pub const MAX_TAG_LEN: usize = 128;
+/// Largest first ID accepted for a tag, leaving room for billions of segments before i64 ends.
+pub const MAX_TAG_START: i64 = 1 << 62;
+
+/// A miss on an unknown tag re-reads the tag list at most this often, so a flood of requests
+/// for tags that do not exist costs the database at most a few reads a second.
+const MISS_REFRESH_INTERVAL_MS: u64 = 200;
+
+/// Checks a tag name: 1–128 bytes of printable ASCII other than space.
+pub fn validate_tag_name(tag: &str) -> Result<(), String> {
+    if tag.is_empty() || tag.len() > MAX_TAG_LEN {
+        return Err(format!("tag must be 1 to {MAX_TAG_LEN} bytes long"));
+    }
+    if !tag.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("tag may only contain printable ASCII characters without spaces".into());
+    }
+    Ok(())
+}
+
+impl SegmentEngine {
+    /// On a miss, re-reads the tag list (at most once a second) so a tag created on another
+    /// node is usable here before the periodic refresh.
+    pub(super) async fn lookup_after_refresh(
+        &self,
+        tag: &str,
+    ) -> Result<Arc<TagBuffer>, SegmentError> {
+        validate_tag_name(tag).map_err(|_| SegmentError::UnknownTag(tag.to_string()))?;
+        let mut last_refresh = self.tag_writer.lock().await;
+        if let Some(buffer) = self.tags.load().get(tag.as_bytes()) {
+            return Ok(buffer.clone());
+        }
+        let now = self.clock.now_millis();
+        if last_refresh.is_none_or(|t| now.saturating_sub(t) >= MISS_REFRESH_INTERVAL_MS) {
+            self.refresh_locked()
+                .await
+                .map_err(|e| SegmentError::Unavailable {
+                    tag: tag.to_string(),
+                    reason: store_reason(&e),
+                })?;
+            *last_refresh = Some(now);
+        }
+        self.tags
+            .load()
+            .get(tag.as_bytes())
+            .cloned()
+            .ok_or_else(|| SegmentError::UnknownTag(tag.to_string()))
+    }
+
+    /// Re-reads the tag list: new rows become tags, removed rows stop being served.
+    pub async fn refresh_tags(&self) -> Result<usize, StoreError> {
+        let _writer = self.tag_writer.lock().await;
+        self.refresh_locked().await
+    }
+
+    /// Rebuilds the tag map from the table; the caller holds `tag_writer`.
+    async fn refresh_locked(&self) -> Result<usize, StoreError> {
+        let rows = self.store.list().await?;
+        let old = self.tags.load();
+        let map: TagMap = rows
+            .iter()
+            .map(|row| {
+                let buffer = old
+                    .get(row.tag.as_bytes())
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(TagBuffer::new(&row.tag)));
+                (Box::from(row.tag.as_bytes()), buffer)
+            })
+            .collect();
+        let count = map.len();
+        self.tags.store(Arc::new(map));
+        Ok(count)
+    }
+
+    pub(super) fn forget_tag(&self, tag: &str) {
+        self.tags.rcu(|map| {
+            let mut map = TagMap::clone(map);
+            map.remove(tag.as_bytes());
+            map
+        });
+    }
+
+    /// Creates a tag whose first ID is `start`.
+    pub async fn create_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        start: i64,
+        description: Option<&str>,
+    ) -> Result<(), SegmentError> {
+        validate_tag_name(tag).map_err(SegmentError::Invalid)?;
+        self.validate_step(step)?;
+        if !(1..=MAX_TAG_START).contains(&start) {
+            return Err(SegmentError::Invalid(format!(
+                "start must be between 1 and {MAX_TAG_START}"
+            )));
+        }
+        let _writer = self.tag_writer.lock().await;
+        // Counted in the table, not in this node's map: other nodes create tags too.
+        let existing = self.store.list().await?.len();
+        if existing >= self.settings.max_tags {
+            return Err(SegmentError::Invalid(format!(
+                "tag limit reached: the table has {existing} tags (segment.max_tags = {})",
+                self.settings.max_tags
+            )));
+        }
+        self.store
+            .create_tag(tag, step, start - 1, description)
+            .await?;
+        self.tags.rcu(|map| {
+            let mut map = TagMap::clone(map);
+            map.entry(Box::from(tag.as_bytes()))
+                .or_insert_with(|| Arc::new(TagBuffer::new(tag)));
+            map
+        });
+        Ok(())
+    }
+
+    /// Creates a tag unless it exists (config seeds).
+    pub async fn ensure_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        start: i64,
+        description: Option<&str>,
+    ) -> Result<bool, SegmentError> {
+        match self.create_tag(tag, step, start, description).await {
+            Ok(()) => Ok(true),
+            Err(SegmentError::TagExists(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Moves a tag's `max_id` forward by `n` without handing out the skipped IDs (the runbook
+    /// after a database restore or a lossy failover); returns the new `max_id`.
+    pub async fn skip(&self, tag: &str, n: i64) -> Result<i64, SegmentError> {
+        if n < 1 {
+            return Err(SegmentError::Invalid(
+                "skip must be a positive number of IDs".into(),
+            ));
+        }
+        let alloc = self.store.allocate(tag, Some(n)).await?;
+        tracing::warn!(
+            tag,
+            skipped = n,
+            max_id = alloc.max_id,
+            "tag moved forward by an operator"
+        );
+        Ok(alloc.max_id)
+    }
+
+    /// [`SegmentEngine::skip`] for every tag in the table; returns each tag's new `max_id`.
+    pub async fn skip_all(&self, n: i64) -> Result<Vec<(String, i64)>, SegmentError> {
+        let mut moved = Vec::new();
+        for row in self.store.list().await? {
+            moved.push((row.tag.clone(), self.skip(&row.tag, n).await?));
+        }
+        Ok(moved)
+    }
+
+    /// Changes the step stored for a tag; it applies from the tag's next load.
+    pub async fn set_step(&self, tag: &str, step: i64) -> Result<(), SegmentError> {
+        self.validate_step(step)?;
+        Ok(self.store.set_step(tag, step).await?)
+    }
+
+    fn validate_step(&self, step: i64) -> Result<(), SegmentError> {
+        if !(1..=self.settings.max_step).contains(&step) {
+            return Err(SegmentError::Invalid(format!(
+                "step must be between 1 and {}",
+                self.settings.max_step
+            )));
+        }
+        Ok(())
+    }
+
+    /// Re-reads the tag list every `interval` until `shutdown` is cancelled.
+    pub fn spawn_refresher(
+        self: &Arc<Self>,
+        interval: Duration,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            // The first tick is one interval from now: the tag list was just loaded, and an
+            // immediate first tick would still wait for the timer's next millisecond.
+            let mut ticker =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = ticker.tick() => {
+                        if let Err(e) = engine.refresh_tags().await {
+                            tracing::warn!(error = %e, "tag refresh failed; keeping the known tags");
+                        }
+                    }
+                }
+            }
+        })
+    }
+}

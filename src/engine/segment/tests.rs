@@ -1,0 +1,169 @@
+use super::*;
+use crate::clock::ManualClock;
+use crate::storage::{LeafAlloc, MemoryStore};
+
+const MINUTE: u64 = 60 * 1000;
+
+fn engine(max_step: i64, clock: Arc<ManualClock>) -> Arc<SegmentEngine> {
+    let settings = SegmentSettings {
+        adaptive_step: true,
+        max_step,
+        load_timeout: Duration::from_secs(1),
+        max_tags: 1000,
+    };
+    SegmentEngine::new(
+        Arc::new(MemoryStore::new()),
+        crate::storage::SegmentMarks::in_memory(),
+        settings,
+        clock,
+        Arc::new(()),
+    )
+}
+
+/// Takes IDs until the tag's current step changed from `before`, and returns the new step.
+async fn drain_until_step_changes(engine: &Arc<SegmentEngine>, before: i64) -> i64 {
+    for _ in 0..10_000 {
+        engine.next_ids("t", 1).await.unwrap();
+        tokio::task::yield_now().await;
+        let step = engine.snapshot()[0].step;
+        if step != before {
+            return step;
+        }
+    }
+    panic!("step stayed at {before}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn adaptive_step_follows_the_clock() {
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let engine = engine(400, clock.clone());
+    engine.create_tag("t", 100, 1, None).await.unwrap();
+    assert_eq!(engine.next_ids("t", 1).await.unwrap(), 1);
+    assert_eq!(
+        engine.snapshot()[0].step,
+        100,
+        "first load uses the table step"
+    );
+
+    // Segments used up within 15 minutes: the step doubles, up to the cap of 400.
+    clock.advance(MINUTE);
+    assert_eq!(drain_until_step_changes(&engine, 100).await, 200);
+    clock.advance(MINUTE);
+    assert_eq!(drain_until_step_changes(&engine, 200).await, 400);
+
+    // A segment that lasted over 30 minutes: the step halves, never below the table's 100.
+    clock.advance(31 * MINUTE);
+    assert_eq!(drain_until_step_changes(&engine, 400).await, 200);
+    clock.advance(31 * MINUTE);
+    assert_eq!(drain_until_step_changes(&engine, 200).await, 100);
+
+    // Between 15 and 30 minutes the step stays; drain two whole segments to see two loads.
+    clock.advance(20 * MINUTE);
+    let loads_before = engine.stats().loads_ok.load(Ordering::SeqCst);
+    while engine.stats().loads_ok.load(Ordering::SeqCst) < loads_before + 1 {
+        engine.next_ids("t", 1).await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(engine.snapshot()[0].step, 100);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn segments_never_overlap_under_adaptive_steps() {
+    let clock = Arc::new(ManualClock::new(0));
+    let engine = engine(1_000_000, clock);
+    engine.create_tag("t", 10, 1, None).await.unwrap();
+    let mut last = 0;
+    for i in 0..20_000 {
+        let id = engine.next_ids("t", 1 + (i % 3)).await.unwrap();
+        assert!(id > last, "{id} after {last}");
+        last = id;
+    }
+}
+
+/// A store whose allocations of the table step answer late, after committing: a background
+/// load finishes after an INCRBY block sent later.
+struct LateAnswers(MemoryStore);
+
+#[async_trait::async_trait]
+impl SegmentStore for LateAnswers {
+    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+        let alloc = self.0.allocate(tag, step).await;
+        if step.is_none() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        alloc
+    }
+    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
+        self.0.list().await
+    }
+    async fn create_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        max_id: i64,
+        description: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.0.create_tag(tag, step, max_id, description).await
+    }
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+        self.0.set_step(tag, step).await
+    }
+    fn backend(&self) -> &'static str {
+        "late"
+    }
+    async fn close(&self) {}
+}
+
+/// Out-of-order answers of one node's own allocations are not a rollback: allocations of
+/// a tag go one at a time, each checked before the next is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_reserved_during_a_slow_load_is_not_taken_for_a_rollback() {
+    let settings = SegmentSettings {
+        adaptive_step: false,
+        max_step: 1000,
+        load_timeout: Duration::from_secs(2),
+        max_tags: 10,
+    };
+    let engine = SegmentEngine::new(
+        Arc::new(LateAnswers(MemoryStore::new())),
+        crate::storage::SegmentMarks::in_memory(),
+        settings,
+        Arc::new(ManualClock::new(0)),
+        Arc::new(()),
+    );
+    engine.create_tag("t", 10, 1, None).await.unwrap();
+    assert_eq!(engine.next_ids("t", 1).await.unwrap(), 1);
+    // The second ID starts the preload of (10, 20], which answers 50 ms late...
+    assert_eq!(engine.next_ids("t", 1).await.unwrap(), 2);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // ...while a block larger than the step is reserved directly.
+    let block_end = engine.next_ids("t", 500).await.unwrap();
+    assert_eq!(block_end, 520, "the block follows the preloaded segment");
+    // IDs keep increasing: the rest of 1..=20 is skipped, the next segment is (520, 530].
+    assert_eq!(engine.next_ids("t", 1).await.unwrap(), 521);
+    assert_eq!(engine.next_ids("t", 1).await.unwrap(), 522);
+}
+
+/// The newcomer's case: INCR, an INCRBY larger than the step, INCR again, on one node.
+#[tokio::test(flavor = "current_thread")]
+async fn ids_increase_across_a_block_larger_than_the_step() {
+    // The step stays 500 (the cap), so every INCRBY 600 is a block from the database.
+    let engine = engine(500, Arc::new(ManualClock::new(0)));
+    engine.create_tag("t", 500, 1, None).await.unwrap();
+    let mut last = 0;
+    for i in 0..3000 {
+        let n = match i % 100 {
+            7 => 600,
+            50 => 50,
+            _ => 1,
+        };
+        let id = engine.next_ids("t", n).await.unwrap();
+        assert!(
+            id - n + 1 > last,
+            "block {}..={id} after {last}",
+            id - n + 1
+        );
+        last = id;
+    }
+    assert_eq!(engine.next_ids("t", 1).await.unwrap(), last + 1);
+}
