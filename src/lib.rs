@@ -1,15 +1,20 @@
 //! leafd: a distributed unique-ID server (Meituan Leaf's segment scheme) spoken over RESP.
 //!
-//! Module map:
-//! - [`config`]: the TOML/env/CLI configuration with defaults and validation.
-//! - [`protocol`]: RESP request decoding (RESP arrays and inline commands) and reply encoding.
-//! - [`cmd`]: one type per command family; a parsed command yields a [`protocol::Reply`].
-//! - [`engine::segment`]: the double-buffered, database-backed segment allocator.
-//! - [`storage`]: the [`storage::SegmentStore`] trait and its database implementations.
-//! - [`server`]: the listener, per-connection loop and graceful shutdown.
-//! - [`auth`]: users, passwords and roles shared by RESP and HTTP.
-//! - [`tls`]: rustls configuration from PEM files for the RESP and HTTP listeners.
-//! - [`app`]: wiring of config, storage and engines into one shared application state.
+//! The whole server is [`run::run`] (or [`run::Server`], which also reports the addresses it
+//! bound); `main` only parses the command line and calls it.
+//!
+//! Module map, from the top (arrows point down; `tests/dependency_rule.rs` checks them):
+//! - [`run`]: binds the listeners, opens the application, serves, drains, closes.
+//! - [`server`]: the RESP listeners and the per-connection loop on I/O threads.
+//! - [`http`]: `/metrics`, Leaf's HTTP API, `/cache`, admin, `/health` and `/ready`.
+//! - [`app`]: wiring of config, storage, coordinators and engines into one application state.
+//! - [`cmd`]: one file per command family; a parsed command yields a [`protocol::Reply`].
+//! - [`metrics`]: metric names, histograms, per-batch counters and the Prometheus rendering.
+//! - [`access`], [`auth`], [`tls`]: who may connect and run what; rustls from PEM files.
+//! - [`engine::segment`], [`engine::snowflake`]: the two ID engines.
+//! - [`coord`]: snowflake worker ids (static, database, ZooKeeper), the time fence, [`coord::IssueLimit`].
+//! - [`storage`]: the [`storage::SegmentStore`] trait, one implementation per database dialect.
+//! - [`clock`], [`protocol`], [`config`]: import nothing from the crate.
 
 pub mod access;
 pub mod app;
@@ -22,6 +27,7 @@ pub mod engine;
 pub mod http;
 pub mod metrics;
 pub mod protocol;
+pub mod run;
 pub mod server;
 pub mod storage;
 pub mod tls;

@@ -3,11 +3,8 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tokio::net::TcpListener;
 
-use leafd::app::App;
 use leafd::config::Config;
 
 /// leafd: unique IDs (Meituan Leaf segment mode) over the Redis protocol.
@@ -145,24 +142,10 @@ async fn reload_tls_on_hangup(settings: Vec<std::sync::Arc<leafd::tls::TlsSettin
     drop(settings);
 }
 
-/// One warning at start when a listener is reachable from other hosts without a password.
-fn warn_if_exposed(config: &Config) {
-    let mut binds = vec![config.server.bind.as_str(), config.http.bind.as_str()];
-    binds.extend(config.tls.bind.as_deref());
-    if config.server.auth_required() || !leafd::access::listens_beyond_loopback(&binds) {
-        return;
-    }
-    if config.server.protected_mode {
-        tracing::warn!("protected mode: listening beyond loopback with no password, so clients from other hosts are refused (DENIED); set server.requirepass or [[server.users]], or server.protected_mode = false");
-    } else {
-        tracing::warn!("listening beyond loopback with no password and protected mode off: any host that reaches leafd can fetch IDs; admin commands stay loopback-only unless admin.allow_unauthenticated = true");
-    }
-}
-
 /// Logs one line naming the cause (library errors already carry their sources' text) and exits 1.
-fn exit_with(what: &str, err: &dyn std::fmt::Display) -> ! {
-    tracing::error!("{what}: {err}");
-    eprintln!("leafd: {what}: {err}");
+fn fail(err: &dyn std::fmt::Display) -> ! {
+    tracing::error!("{err}");
+    eprintln!("leafd: {err}");
     std::process::exit(1)
 }
 
@@ -186,10 +169,10 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Migrate) => {
             let store = match leafd::storage::open(&config.storage, true).await {
                 Ok(store) => store,
-                Err(e) => exit_with(
-                    &format!("cannot migrate {}", config.storage.redacted_url()),
-                    &e,
-                ),
+                Err(e) => fail(&format!(
+                    "cannot migrate {}: {e}",
+                    config.storage.redacted_url()
+                )),
             };
             store.close().await;
             println!("schema of {} is up to date", config.storage.redacted_url());
@@ -197,90 +180,13 @@ async fn main() -> anyhow::Result<()> {
         }
         Some(Command::Serve) | None => {}
     }
-    let listen = |addr: String| async move {
-        TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))
+    let server = match leafd::run::Server::open(config).await {
+        Ok(server) => server,
+        Err(e) => fail(&e),
     };
-    let handshake_timeout = config.tls.handshake_timeout();
-    let mut listeners = leafd::server::Listeners {
-        plain: if config.server.bind.is_empty() {
-            None
-        } else {
-            Some(listen(config.server.bind.clone()).await?)
-        },
-        tls: None,
-    };
-    let load_tls = |alpn: &[&[u8]]| match leafd::tls::TlsSettings::load(&config.tls, alpn) {
-        Ok(settings) => settings,
-        Err(e) => exit_with("cannot set up TLS", &e),
-    };
-    let mut tls_settings = Vec::new();
-    if let Some(bind) = &config.tls.bind {
-        let settings = load_tls(&[]);
-        tls_settings.push(settings.clone());
-        listeners.tls = Some((listen(bind.clone()).await?, settings, handshake_timeout));
+    tokio::spawn(reload_tls_on_hangup(server.tls_settings()));
+    if let Err(e) = server.serve(shutdown_signal()).await {
+        fail(&e);
     }
-    let https = config.tls.http.then(|| load_tls(&[b"http/1.1"]));
-    tls_settings.extend(https.clone());
-    tokio::spawn(reload_tls_on_hangup(tls_settings));
-    let http_listener = if config.http.enabled {
-        Some(listen(config.http.bind.clone()).await?)
-    } else {
-        None
-    };
-    let storage_url = config.storage.redacted_url();
-    let app = match App::open(config).await {
-        Ok(app) => app,
-        Err(e) => exit_with("cannot start leafd", &e),
-    };
-    let http_addr = http_listener
-        .as_ref()
-        .and_then(|l| l.local_addr().ok())
-        .map_or("off".to_string(), |a| a.to_string());
-    let resp_addr = |l: Option<&TcpListener>| {
-        l.and_then(|l| l.local_addr().ok())
-            .map_or("off".to_string(), |a| a.to_string())
-    };
-    tracing::info!(
-        resp = %resp_addr(listeners.plain.as_ref()),
-        resp_tls = %resp_addr(listeners.tls.as_ref().map(|(l, ..)| l)),
-        http = %http_addr,
-        https = https.is_some(),
-        storage = %storage_url,
-        backend = app.segments.store().backend(),
-        tags = app.segments.tag_count(),
-        snowflake_worker_id = ?app.snowflake.as_ref().map(|s| s.worker_id()),
-        coordinator = ?app.config.snowflake.coordinator,
-        "leafd listening"
-    );
-    warn_if_exposed(&app.config);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let http = http_listener.map(|l| {
-        let stopped = stop.clone().cancelled_owned();
-        match https {
-            Some(settings) => tokio::spawn(leafd::http::run(
-                leafd::tls::HttpsListener::new(l, settings, handshake_timeout),
-                app.clone(),
-                stopped,
-            )),
-            None => tokio::spawn(leafd::http::run(l, app.clone(), stopped)),
-        }
-    });
-    let resp = leafd::server::run_listeners(listeners, app.clone(), stop.clone().cancelled_owned());
-    tokio::pin!(resp);
-    tokio::select! {
-        result = &mut resp => result?,
-        _ = shutdown_signal() => {
-            stop.cancel();
-            resp.await?;
-        }
-    }
-    stop.cancel();
-    if let Some(http) = http {
-        let _ = http.await;
-    }
-    tracing::info!("shutting down: connections drained, closing storage");
-    app.close().await;
     Ok(())
 }

@@ -29,6 +29,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "app",
         &["clock", "config", "coord", "engine", "metrics", "storage"],
     ),
+    ("run", &["access", "app", "config", "http", "server", "tls"]),
     (
         "server",
         &[

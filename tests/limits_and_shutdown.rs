@@ -4,10 +4,10 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::binary::{free_port, LeafdProcess};
 use common::{resp, TestServer};
 use leafd::config::Config;
 use leafd::storage::MemoryStore;
@@ -114,22 +114,15 @@ async fn a_client_that_never_reads_is_disconnected_and_others_are_served() {
 #[test]
 fn sigterm_answers_received_commands_then_exits_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_leafd"))
-        .args(["--bind", &format!("127.0.0.1:{port}")])
-        .args(["--http-bind", "127.0.0.1:0"])
-        .args([
-            "--storage-url",
-            &format!("sqlite://{}/leafd.db", dir.path().display()),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let port = free_port();
+    let child = LeafdProcess::spawn(&[
+        "--bind".to_string(),
+        format!("127.0.0.1:{port}"),
+        "--http-bind".to_string(),
+        "127.0.0.1:0".to_string(),
+        "--storage-url".to_string(),
+        format!("sqlite://{}/leafd.db", dir.path().display()),
+    ]);
     let mut stream = loop {
         match std::net::TcpStream::connect(("127.0.0.1", port)) {
             Ok(stream) => break stream,
@@ -154,11 +147,7 @@ fn sigterm_answers_received_commands_then_exits_cleanly() {
     let mut first = [0u8; 4];
     stream.read_exact(&mut first).unwrap();
     assert_eq!(&first, b":1\r\n");
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    child.signal("-TERM");
     let mut rest = Vec::new();
     stream.read_to_end(&mut rest).unwrap();
     let text = String::from_utf8(rest).unwrap();
@@ -175,6 +164,6 @@ fn sigterm_answers_received_commands_then_exits_cleanly() {
         (2..2 + ids.len() as i64).collect::<Vec<_>>(),
         "in order, no reply lost in the middle"
     );
-    let exit = child.wait().unwrap();
+    let exit = child.wait();
     assert_eq!(exit.code(), Some(0), "clean exit after SIGTERM");
 }

@@ -3,66 +3,31 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::resp;
+use common::binary::{call, free_port, LeafdProcess};
 
+/// A node on the SQLite database in `dir`, and its RESP port.
 struct Node {
-    child: Child,
+    process: LeafdProcess,
     port: u16,
 }
 
 impl Node {
     fn start(dir: &std::path::Path) -> Node {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_leafd"))
-            .args(["--bind", &format!("127.0.0.1:{port}")])
-            .args(["--http-bind", "127.0.0.1:0"])
-            .args([
-                "--storage-url",
-                &format!("sqlite://{}/leafd.db", dir.display()),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let node = Node { child, port };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while node.call(&[b"PING"]).as_deref() != Some("+PONG") {
-            assert!(Instant::now() < deadline, "leafd did not start");
-            std::thread::sleep(Duration::from_millis(50));
+        let port = free_port();
+        Node {
+            process: LeafdProcess::sqlite_node(dir, port),
+            port,
         }
-        node
     }
 
-    /// One command, one single-line reply (None while the server does not answer).
     fn call(&self, args: &[&[u8]]) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        stream.write_all(&resp(args)).ok()?;
-        let mut reply = Vec::new();
-        let mut byte = [0u8; 1];
-        while !reply.ends_with(b"\r\n") {
-            stream.read_exact(&mut byte).ok()?;
-            reply.push(byte[0]);
-        }
-        Some(String::from_utf8(reply).unwrap().trim_end().to_string())
+        call(self.port, args)
     }
 
-    fn stop(mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        self.child.wait().unwrap();
+    fn stop(self) {
+        self.process.stop();
     }
 }
 

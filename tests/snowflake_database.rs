@@ -20,7 +20,7 @@ fn node_config(url: &str, state: &tempfile::TempDir, lease_ms: u64) -> Config {
     config.storage.state_dir = state.path().display().to_string();
     config.snowflake.coordinator = CoordinatorKind::Database;
     config.snowflake.database_lease_ms = lease_ms;
-    config
+    common::test_config(config)
 }
 
 /// Three nodes on one database get three ids, their IDs never collide, a node that finds its

@@ -4,23 +4,20 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::backends::required_env;
 use common::{read_lines, resp, sqlite_config};
-use leafd::app::App;
 use leafd::config::{Config, TlsConfig};
-use leafd::server::Listeners;
 use leafd::tls::TlsSettings;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
-use tokio_util::sync::CancellationToken;
 
 /// A test CA, a server certificate for localhost/127.0.0.1 and a client certificate, as PEM
 /// files in a temporary directory.
@@ -103,14 +100,12 @@ impl Pki {
     }
 }
 
-/// leafd in-process with a plain and a TLS RESP listener.
+/// leafd in-process (the harness's [`common::TestServer`]) with a plain and a TLS RESP listener.
 struct TlsServer {
     plain: SocketAddr,
     tls: SocketAddr,
-    app: Arc<App>,
     settings: Arc<TlsSettings>,
-    stop: CancellationToken,
-    handle: tokio::task::JoinHandle<std::io::Result<()>>,
+    server: common::TestServer,
     _data: tempfile::TempDir,
 }
 
@@ -119,42 +114,28 @@ impl TlsServer {
         let data = tempfile::tempdir().unwrap();
         let mut config = sqlite_config(&data);
         config.server.max_clients = max_clients;
-        let settings = TlsSettings::load(&tls, &[]).expect("TLS configuration loads");
-        config.tls = tls;
-        let app = App::open(config).await.unwrap();
-        app.segments.create_tag("tls", 1000, 1, None).await.unwrap();
-        let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let secure = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (plain_addr, tls_addr) = (plain.local_addr().unwrap(), secure.local_addr().unwrap());
-        let listeners = Listeners {
-            plain: Some(plain),
-            tls: Some((secure, settings.clone(), app.config.tls.handshake_timeout())),
+        config.tls = TlsConfig {
+            bind: Some("127.0.0.1:0".into()),
+            ..tls
         };
-        let stop = CancellationToken::new();
-        let handle = tokio::spawn(leafd::server::run_listeners(
-            listeners,
-            app.clone(),
-            stop.clone().cancelled_owned(),
-        ));
+        let server = common::TestServer::start(config).await;
+        server
+            .app
+            .segments
+            .create_tag("tls", 1000, 1, None)
+            .await
+            .unwrap();
         TlsServer {
-            plain: plain_addr,
-            tls: tls_addr,
-            app,
-            settings,
-            stop,
-            handle,
+            plain: server.addr,
+            tls: server.tls_addr.expect("a TLS listener"),
+            settings: server.tls_settings[0].clone(),
+            server,
             _data: data,
         }
     }
 
     async fn stop(self) {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(10), self.handle)
-            .await
-            .expect("server stops")
-            .unwrap()
-            .unwrap();
-        self.app.close().await;
+        self.server.stop().await;
     }
 }
 
@@ -309,18 +290,15 @@ async fn https_serves_the_leaf_http_api() {
         http: true,
         ..pki.server_config(false)
     };
-    let app = App::open(config).await.unwrap();
-    app.segments.create_tag("web", 10, 1, None).await.unwrap();
-    let settings = TlsSettings::load(&app.config.tls, &[b"http/1.1"]).unwrap();
-    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = tcp.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let https = leafd::tls::HttpsListener::new(tcp, settings, Duration::from_millis(300));
-    let handle = tokio::spawn(leafd::http::run(
-        https,
-        app.clone(),
-        stop.clone().cancelled_owned(),
-    ));
+    config.tls.handshake_timeout_ms = 300;
+    let server = common::TestServer::start(config).await;
+    server
+        .app
+        .segments
+        .create_tag("web", 10, 1, None)
+        .await
+        .unwrap();
+    let addr = server.http_addr;
     let connector = pki.connector(None, &[b"http/1.1"]);
     // A client stuck in its handshake does not delay the others.
     let _stuck = TcpStream::connect(addr).await.unwrap();
@@ -343,9 +321,7 @@ async fn https_serves_the_leaf_http_api() {
             "{response}"
         );
     }
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), handle).await;
-    app.close().await;
+    server.stop().await;
 }
 
 impl Pki {
@@ -440,13 +416,7 @@ fn bad_certificate_files_are_refused_naming_the_file() {
 async fn binary_serves_tls_to_redis_cli_and_https() {
     let pki = Pki::new();
     let data = tempfile::tempdir().unwrap();
-    let free_port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
+    let free_port = common::binary::free_port;
     let (tls, http) = (free_port(), free_port());
     let config_path = data.path().join("leafd.toml");
     std::fs::write(
@@ -464,12 +434,8 @@ async fn binary_serves_tls_to_redis_cli_and_https() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_leafd"))
-        .args(["--config", &config_path.display().to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child =
+        common::binary::LeafdProcess::spawn(&["--config", &config_path.display().to_string()]);
     let connector = pki.connector(None, &[]);
     let tls_addr: SocketAddr = format!("127.0.0.1:{tls}").parse().unwrap();
     let mut secure = None;
@@ -518,14 +484,7 @@ async fn binary_serves_tls_to_redis_cli_and_https() {
     // SIGHUP rotates the certificate of both listeners.
     let rotated = Pki::new();
     pki.install_server_files_of(&rotated);
-    let signal = |name: &str| {
-        let status = Command::new("kill")
-            .args([name, &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
-    signal("-HUP");
+    child.signal("-HUP");
     let mut reloaded = false;
     for _ in 0..100 {
         if !refused_ping(&rotated.connector(None, &[]), tls_addr).await {
@@ -541,7 +500,6 @@ async fn binary_serves_tls_to_redis_cli_and_https() {
             .await
             .is_ok()
     );
-    signal("-TERM");
-    let status = child.wait().unwrap();
+    let status = child.stop();
     assert!(status.success(), "leafd exit status {status}");
 }

@@ -29,20 +29,6 @@ pub struct Listeners {
     pub tls: Option<(TcpListener, Arc<tls::TlsSettings>, Duration)>,
 }
 
-/// Serves RESP on `listener` until `shutdown` completes, then waits for open connections to
-/// finish the commands they already received.
-pub async fn run(
-    listener: TcpListener,
-    app: Arc<App>,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    let listeners = Listeners {
-        plain: Some(listener),
-        tls: None,
-    };
-    run_listeners(listeners, app, shutdown).await
-}
-
 async fn accept_on(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
     match listener {
         Some(listener) => listener.accept().await,
@@ -50,8 +36,9 @@ async fn accept_on(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream
     }
 }
 
-/// [`run`] on every listener in `listeners`.
-pub async fn run_listeners(
+/// Serves RESP on every listener in `listeners` until `shutdown` completes (or a client sends
+/// SHUTDOWN), then waits for open connections to finish the commands they already received.
+pub async fn run(
     listeners: Listeners,
     app: Arc<App>,
     shutdown: impl Future<Output = ()>,

@@ -1,8 +1,9 @@
-//! Shared test helpers: an in-process leafd on 127.0.0.1:0, raw RESP I/O, and a store wrapper
+//! Shared test helpers: an in-process leafd on 127.0.0.1:0 (the library entry point), raw RESP I/O, and a store wrapper
 //! that counts allocations and can fail or hang on demand.
 #![allow(dead_code)]
 
 pub mod backends;
+pub mod binary;
 pub mod proxy;
 pub mod scenarios;
 
@@ -15,66 +16,63 @@ use async_trait::async_trait;
 use leafd::app::App;
 use leafd::clock::SystemClock;
 use leafd::config::Config;
+use leafd::run::{RunError, Server};
 use leafd::storage::{LeafAlloc, SegmentStore, StoreError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// leafd in-process, started through the library entry point users run
+/// ([`leafd::run::Server`]), on ports the system picks.
 pub struct TestServer {
     pub addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The TLS RESP listener, when the config has `tls.bind`.
+    pub tls_addr: Option<SocketAddr>,
     pub app: Arc<App>,
+    /// The TLS listeners' settings (reload them as SIGHUP does).
+    pub tls_settings: Vec<Arc<leafd::tls::TlsSettings>>,
     shutdown: Option<oneshot::Sender<()>>,
-    handle: Option<JoinHandle<std::io::Result<()>>>,
-    http_stop: tokio_util::sync::CancellationToken,
-    http_handle: Option<JoinHandle<std::io::Result<()>>>,
+    handle: Option<JoinHandle<Result<(), RunError>>>,
 }
 
 impl TestServer {
     /// Starts leafd with the configured store.
     pub async fn start(config: Config) -> TestServer {
-        let app = App::open(own_state_dir(config))
-            .await
-            .expect("leafd starts");
+        let app = App::open(test_config(config)).await.expect("leafd starts");
         TestServer::serve(app).await
     }
 
     /// Starts leafd on a given store (wrappers, memory store).
     pub async fn start_with_store(config: Config, store: Arc<dyn SegmentStore>) -> TestServer {
-        let app = App::with_store(own_state_dir(config), store, Arc::new(SystemClock))
+        let app = App::with_store(test_config(config), store, Arc::new(SystemClock))
             .await
             .expect("leafd starts");
         TestServer::serve(app).await
     }
 
-    /// Serves an application a test opened itself.
+    /// Serves an application a test opened itself on a config from [`test_config`].
     pub async fn serve_app(app: Arc<App>) -> TestServer {
         TestServer::serve(app).await
     }
 
     async fn serve(app: Arc<App>) -> TestServer {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let server = Server::with_app(app.clone()).await.expect("listeners bind");
+        let addrs = server.addrs();
+        let tls_settings = server.tls_settings();
         let (tx, rx) = oneshot::channel::<()>();
-        let handle = tokio::spawn(leafd::server::run(listener, app.clone(), async {
+        let handle = tokio::spawn(server.serve(async {
             let _ = rx.await;
         }));
-        let http_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let http_addr = http_listener.local_addr().unwrap();
-        let http_stop = tokio_util::sync::CancellationToken::new();
-        let stop = http_stop.clone();
-        let http_handle = tokio::spawn(leafd::http::run(http_listener, app.clone(), async move {
-            stop.cancelled().await
-        }));
         TestServer {
-            addr,
-            http_addr,
+            addr: addrs.resp.expect("a RESP listener"),
+            http_addr: addrs.http.expect("an HTTP listener"),
+            tls_addr: addrs.resp_tls,
             app,
+            tls_settings,
             shutdown: Some(tx),
             handle: Some(handle),
-            http_stop,
-            http_handle: Some(http_handle),
         }
     }
 
@@ -101,7 +99,7 @@ impl TestServer {
         }
     }
 
-    /// Graceful stop: listener closed, connections drained, storage closed.
+    /// Graceful stop: listeners closed, connections drained, HTTP stopped, storage closed.
     pub async fn stop(mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
@@ -113,12 +111,20 @@ impl TestServer {
                 .unwrap()
                 .unwrap();
         }
-        self.http_stop.cancel();
-        if let Some(handle) = self.http_handle.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(10), handle).await;
-        }
-        self.app.close().await;
     }
+}
+
+/// A config for a server of the test harness: [`own_state_dir`], and every listener it has on
+/// 127.0.0.1 with a port the system picks.
+pub fn test_config(config: Config) -> Config {
+    let mut config = own_state_dir(config);
+    let any_port = "127.0.0.1:0".to_string();
+    config.server.bind = any_port.clone();
+    config.http.bind = any_port.clone();
+    if config.tls.bind.is_some() {
+        config.tls.bind = Some(any_port);
+    }
+    config
 }
 
 /// Servers of one test binary run at once: each gets its own state directory (snowflake
