@@ -1,14 +1,14 @@
-//! The application state shared by every connection: configuration, the segment engine and
-//! its store, connection statistics, and the background tasks they own.
+//! The wiring: opens storage, starts the engines and the snowflake worker id, builds the
+//! [`Context`] every connection shares, and owns the background tasks.
 
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ConfigError, CoordinatorKind, SegmentConfig, SnowflakeConfig};
+use crate::context::Context;
 use crate::coord::fence::FenceSettings;
 use crate::coord::fence_file::FenceFile;
 use crate::coord::static_id::StaticCoordinator;
@@ -33,33 +33,20 @@ pub enum AppError {
     Coord(#[from] CoordError),
 }
 
-/// Connection counters for INFO.
-#[derive(Debug, Default)]
-pub struct ServerStats {
-    pub connected_clients: AtomicUsize,
-    pub total_connections: AtomicU64,
-    pub rejected_connections: AtomicU64,
-    pub total_commands: AtomicU64,
+/// The wiring around the [`Context`]: what keeps the worker id and the background tasks.
+/// Reads of the shared state go through to the context.
+pub struct App {
+    pub context: Arc<Context>,
+    worker: tokio::sync::Mutex<Option<Worker>>,
+    background: CancellationToken,
 }
 
-pub struct App {
-    pub config: Config,
-    pub segments: Arc<SegmentEngine>,
-    pub metrics: Arc<Metrics>,
-    /// `None` when `snowflake.enabled = false`.
-    pub snowflake: Option<Arc<SnowflakeEngine>>,
-    /// The ZooKeeper registration's state, when the worker id comes from ZooKeeper.
-    pub zookeeper: Option<Arc<ZkShared>>,
-    worker: tokio::sync::Mutex<Option<Worker>>,
-    pub stats: ServerStats,
-    pub started_at: Instant,
-    storage_ready: AtomicBool,
-    next_client_id: AtomicU64,
-    local_port: AtomicU16,
-    tls_port: AtomicU16,
-    background: CancellationToken,
-    /// Cancelled by the SHUTDOWN command: the listeners stop as on SIGTERM.
-    shutdown: CancellationToken,
+impl std::ops::Deref for App {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.context
+    }
 }
 
 /// Everything a configuration must satisfy before leafd starts: its own checks
@@ -192,21 +179,18 @@ impl App {
             Duration::from_secs(config.segment.refresh_interval_secs),
             background.clone(),
         );
+        let layout = snowflake_layout(&config.snowflake);
         Arc::new(App {
-            config,
-            segments,
-            metrics,
-            snowflake: started.engine,
-            zookeeper: started.zookeeper,
+            context: Arc::new(Context::new(
+                config,
+                layout,
+                segments,
+                metrics,
+                started.engine,
+                started.zookeeper,
+            )),
             worker: tokio::sync::Mutex::new(started.worker),
-            stats: ServerStats::default(),
-            started_at: Instant::now(),
-            storage_ready: AtomicBool::new(false),
-            next_client_id: AtomicU64::new(1),
-            local_port: AtomicU16::new(0),
-            tls_port: AtomicU16::new(0),
             background,
-            shutdown: CancellationToken::new(),
         })
     }
 
@@ -231,7 +215,7 @@ impl App {
             }
         }
         self.segments.refresh_tags().await?;
-        self.storage_ready.store(true, Ordering::SeqCst);
+        self.context.set_storage_ready();
         Ok(())
     }
 
@@ -268,112 +252,6 @@ impl App {
                 }
             }
         });
-    }
-
-    /// The Prometheus exposition: engine and connection state is copied into gauges and
-    /// counters here, at scrape time, so the request path never touches the registry.
-    pub fn render_metrics(&self) -> String {
-        use crate::metrics::*;
-        let m = &self.metrics;
-        let stats = &self.stats;
-        m.gauge(CONNECTIONS_OPEN, &[])
-            .set(stats.connected_clients.load(Ordering::Relaxed) as f64);
-        m.counter(CONNECTIONS_TOTAL, &[])
-            .absolute(stats.total_connections.load(Ordering::Relaxed));
-        m.counter(CONNECTIONS_REJECTED_TOTAL, &[])
-            .absolute(stats.rejected_connections.load(Ordering::Relaxed));
-        m.gauge(STORAGE_READY, &[])
-            .set(self.storage_ready() as u8 as f64);
-        m.counter(SEGMENT_REQUEST_WAITS_TOTAL, &[])
-            .absolute(self.segments.stats().request_waits.load(Ordering::Relaxed));
-        for t in self.segments.snapshot() {
-            let tag = t.tag.as_str();
-            m.counter(SEGMENT_IDS_TOTAL, &[("tag", tag)])
-                .absolute(t.served);
-            m.counter(SEGMENT_LOADS_TOTAL, &[("tag", tag), ("result", "ok")])
-                .absolute(t.loads_ok);
-            m.counter(SEGMENT_LOADS_TOTAL, &[("tag", tag), ("result", "error")])
-                .absolute(t.loads_failed);
-            m.counter(SEGMENT_ROLLBACKS_TOTAL, &[("tag", tag)])
-                .absolute(t.rollbacks);
-            m.gauge(SEGMENT_STEP, &[("tag", tag)]).set(t.step as f64);
-            for (buffer, segment) in [("current", t.current), ("next", t.next)] {
-                let remaining = segment.map_or(0, |s| s.remaining().max(0));
-                m.gauge(SEGMENT_REMAINING_IDS, &[("tag", tag), ("buffer", buffer)])
-                    .set(remaining as f64);
-            }
-            // The next segment is loaded once the current one has no more than this left.
-            let threshold = t.current.map_or(0, |s| s.step * 9 / 10);
-            m.gauge(SEGMENT_PRELOAD_THRESHOLD_IDS, &[("tag", tag)])
-                .set(threshold as f64);
-        }
-        if let Some(engine) = &self.snowflake {
-            let st = engine.stats();
-            m.counter(SNOWFLAKE_IDS_TOTAL, &[])
-                .absolute(engine.ids_served());
-            m.counter(SNOWFLAKE_SEQUENCE_WAITS_TOTAL, &[])
-                .absolute(st.sequence_waits.load(Ordering::Relaxed));
-            m.counter(SNOWFLAKE_CLOCK_BACKWARD_TOTAL, &[])
-                .absolute(st.clock_backward_events.load(Ordering::Relaxed));
-            m.gauge(SNOWFLAKE_WORKER_ID, &[])
-                .set(engine.worker_id() as f64);
-            let now = crate::clock::Clock::now_millis(&SystemClock) as f64;
-            let limit = engine.limit();
-            m.gauge(SNOWFLAKE_FENCE_AHEAD_SECONDS, &[])
-                .set((limit.fence_ms() as f64 - now) / 1000.0);
-            m.counter(SNOWFLAKE_LEASE_FAILURES_TOTAL, &[])
-                .absolute(limit.lease_failures());
-            if limit.lease_ms() != u64::MAX {
-                m.gauge(SNOWFLAKE_LEASE_REMAINING_SECONDS, &[])
-                    .set(((limit.lease_ms() as f64 - now) / 1000.0).max(0.0));
-            }
-        }
-        if let Some(zk) = &self.zookeeper {
-            m.gauge(ZOOKEEPER_CONNECTED, &[])
-                .set(zk.connected() as u8 as f64);
-            let now = crate::clock::Clock::now_millis(&SystemClock);
-            m.gauge(ZOOKEEPER_LAST_REPORT_AGE_SECONDS, &[])
-                .set(now.saturating_sub(zk.last_report_ms()) as f64 / 1000.0);
-        }
-        m.render()
-    }
-
-    /// Asks the listeners to stop and drain, as SIGTERM does (the SHUTDOWN command).
-    pub fn request_shutdown(&self) {
-        tracing::warn!("SHUTDOWN requested by a client: stopping as on SIGTERM");
-        self.shutdown.cancel();
-    }
-
-    /// Completes once SHUTDOWN was requested.
-    pub fn shutdown_requested(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
-        self.shutdown.cancelled()
-    }
-
-    /// True once the database answered and the tag list was loaded.
-    pub fn storage_ready(&self) -> bool {
-        self.storage_ready.load(Ordering::SeqCst)
-    }
-
-    pub fn next_client_id(&self) -> u64 {
-        self.next_client_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The port the RESP listener is bound to (0 before it is).
-    pub fn local_port(&self) -> u16 {
-        self.local_port.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_local_port(&self, port: u16) {
-        self.local_port.store(port, Ordering::Relaxed);
-    }
-
-    /// The port of the RESP-over-TLS listener (0 when there is none).
-    pub fn tls_port(&self) -> u16 {
-        self.tls_port.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_tls_port(&self, port: u16) {
-        self.tls_port.store(port, Ordering::Relaxed);
     }
 
     /// Stops background tasks, releases the worker id and closes the database pool.

@@ -21,8 +21,8 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::app::App;
 use crate::auth::{self, Role, NOAUTH, WRONGPASS};
+use crate::context::Context;
 use crate::engine::segment::{Segment, SegmentError};
 use crate::engine::snowflake::SnowflakeError;
 
@@ -30,7 +30,7 @@ use crate::engine::snowflake::SnowflakeError;
 /// `shutdown` completes.
 pub async fn run<L>(
     listener: L,
-    app: Arc<App>,
+    ctx: Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
 where
@@ -40,7 +40,7 @@ where
 {
     axum::serve(
         listener,
-        router(app).into_make_service_with_connect_info::<Peer>(),
+        router(ctx).into_make_service_with_connect_info::<Peer>(),
     )
     .with_graceful_shutdown(shutdown)
     .await
@@ -75,7 +75,7 @@ fn forbidden(message: &str) -> Response {
     text(StatusCode::FORBIDDEN, format!("{message}\n"))
 }
 
-pub fn router(app: Arc<App>) -> Router {
+pub fn router(ctx: Arc<Context>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "ok\n" }))
@@ -86,7 +86,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/cache", get(cache))
         .route("/api/segment/tags", post(create_tag))
         .route("/api/segment/tags/{tag}", patch(update_tag))
-        .with_state(app)
+        .with_state(ctx)
 }
 
 /// A caller whose credentials were checked (or anyone, when no authentication is configured):
@@ -110,8 +110,8 @@ fn unauthorized(message: &str) -> Response {
 }
 
 /// The role the request's `Authorization` header proves; `Err` is the 401 message.
-fn caller_role(app: &App, headers: &HeaderMap) -> Result<Role, &'static str> {
-    let server = &app.config.server;
+fn caller_role(ctx: &Context, headers: &HeaderMap) -> Result<Role, &'static str> {
+    let server = &ctx.config.server;
     if !server.auth_required() {
         return Ok(Role::Admin);
     }
@@ -136,33 +136,33 @@ fn caller_role(app: &App, headers: &HeaderMap) -> Result<Role, &'static str> {
     role.ok_or(WRONGPASS)
 }
 
-impl FromRequestParts<Arc<App>> for Caller {
+impl FromRequestParts<Arc<Context>> for Caller {
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
-        if crate::access::protected_mode_refuses(&app.config, peer_of(parts)) {
+    async fn from_request_parts(parts: &mut Parts, ctx: &Arc<Context>) -> Result<Self, Response> {
+        if crate::access::protected_mode_refuses(&ctx.config, peer_of(parts)) {
             return Err(forbidden(crate::access::PROTECTED_MODE_DENIED));
         }
-        caller_role(app, &parts.headers)
+        caller_role(ctx, &parts.headers)
             .map(|_| Caller)
             .map_err(unauthorized)
     }
 }
 
-impl FromRequestParts<Arc<App>> for AdminCaller {
+impl FromRequestParts<Arc<Context>> for AdminCaller {
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
+    async fn from_request_parts(parts: &mut Parts, ctx: &Arc<Context>) -> Result<Self, Response> {
         let peer = peer_of(parts);
-        if crate::access::protected_mode_refuses(&app.config, peer) {
+        if crate::access::protected_mode_refuses(&ctx.config, peer) {
             return Err(forbidden(crate::access::PROTECTED_MODE_DENIED));
         }
-        if !app.config.server.auth_required()
-            && !crate::access::unauthenticated_admin(&app.config, peer)
+        if !ctx.config.server.auth_required()
+            && !crate::access::unauthenticated_admin(&ctx.config, peer)
         {
             return Err(forbidden(crate::access::ADMIN_NEEDS_PASSWORD));
         }
-        match caller_role(app, &parts.headers).map_err(unauthorized)? {
+        match caller_role(ctx, &parts.headers).map_err(unauthorized)? {
             Role::Admin => Ok(AdminCaller),
             Role::User => Err(text(
                 StatusCode::FORBIDDEN,
@@ -204,10 +204,10 @@ struct TagChange {
 /// `POST /api/segment/tags` (admin): LEAF.TAG CREATE over HTTP; 201, or 409 when it exists.
 async fn create_tag(
     _: AdminCaller,
-    State(app): State<Arc<App>>,
+    State(ctx): State<Arc<Context>>,
     Json(new): Json<NewTag>,
 ) -> Response {
-    match app
+    match ctx
         .segments
         .create_tag(&new.tag, new.step, new.start, new.description.as_deref())
         .await
@@ -225,7 +225,7 @@ async fn create_tag(
 /// from the tag's next segment load.
 async fn update_tag(
     _: AdminCaller,
-    State(app): State<Arc<App>>,
+    State(ctx): State<Arc<Context>>,
     Path(tag): Path<String>,
     Json(change): Json<TagChange>,
 ) -> Response {
@@ -237,13 +237,13 @@ async fn update_tag(
         );
     }
     if let Some(step) = change.step {
-        if let Err(e) = app.segments.set_step(&tag, step).await {
+        if let Err(e) = ctx.segments.set_step(&tag, step).await {
             return text(segment_status(&e), format!("{e}\n"));
         }
         answer["step"] = json!(step);
     }
     if let Some(n) = change.skip {
-        match app.segments.skip(&tag, n).await {
+        match ctx.segments.skip(&tag, n).await {
             Ok(max_id) => answer["max_id"] = json!(max_id),
             Err(e) => return text(segment_status(&e), format!("{e}\n")),
         }
@@ -255,17 +255,17 @@ fn text(status: StatusCode, body: String) -> Response {
     (status, [(CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
+async fn metrics(State(ctx): State<Arc<Context>>) -> Response {
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        app.render_metrics(),
+        ctx.render_metrics(),
     )
         .into_response()
 }
 
 /// 200 once the database answered and the tag list is loaded; 503 with the reason before.
-async fn ready(State(app): State<Arc<App>>) -> Response {
-    if app.storage_ready() {
+async fn ready(State(ctx): State<Arc<Context>>) -> Response {
+    if ctx.storage_ready() {
         text(StatusCode::OK, "ready\n".into())
     } else {
         text(
@@ -290,8 +290,12 @@ fn segment_status(err: &SegmentError) -> StatusCode {
 }
 
 /// Leaf's `GET /api/segment/get/{tag}`: the next ID as plain text.
-async fn segment_id(_: Caller, State(app): State<Arc<App>>, Path(tag): Path<String>) -> Response {
-    match app.segments.next_ids(&tag, 1).await {
+async fn segment_id(
+    _: Caller,
+    State(ctx): State<Arc<Context>>,
+    Path(tag): Path<String>,
+) -> Response {
+    match ctx.segments.next_ids(&tag, 1).await {
         Ok(id) => text(StatusCode::OK, id.to_string()),
         Err(e) => text(segment_status(&e), format!("{e}\n")),
     }
@@ -300,10 +304,10 @@ async fn segment_id(_: Caller, State(app): State<Arc<App>>, Path(tag): Path<Stri
 /// Leaf's `GET /api/snowflake/get/{key}` (the key is ignored, as in Leaf).
 async fn snowflake_id(
     _: Caller,
-    State(app): State<Arc<App>>,
+    State(ctx): State<Arc<Context>>,
     Path(_key): Path<String>,
 ) -> Response {
-    let Some(engine) = &app.snowflake else {
+    let Some(engine) = &ctx.snowflake else {
         return text(
             StatusCode::NOT_FOUND,
             "snowflake is disabled on this server\n".into(),
@@ -319,8 +323,8 @@ async fn snowflake_id(
 }
 
 /// `GET /decode/{id}`: the fields of a snowflake ID as JSON.
-async fn decode(_: Caller, State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    let layout = crate::app::snowflake_layout(&app.config.snowflake);
+async fn decode(_: Caller, State(ctx): State<Arc<Context>>, Path(id): Path<String>) -> Response {
+    let layout = ctx.snowflake_layout;
     let Some(fields) = id.parse::<i64>().ok().and_then(|id| layout.decode(id)) else {
         return text(
             StatusCode::BAD_REQUEST,
@@ -373,8 +377,8 @@ fn escape_html(text: &str) -> String {
 }
 
 /// Leaf's monitor page: every tag's buffers, as HTML or (with `Accept: application/json`) JSON.
-async fn cache(_: Caller, State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let tags = app.segments.snapshot();
+async fn cache(_: Caller, State(ctx): State<Arc<Context>>, headers: HeaderMap) -> Response {
+    let tags = ctx.segments.snapshot();
     let wants_json = headers
         .get(ACCEPT)
         .and_then(|v| v.to_str().ok())

@@ -22,6 +22,7 @@ pub mod auth;
 pub mod clock;
 pub mod cmd;
 pub mod config;
+pub mod context;
 pub mod coord;
 pub mod engine;
 pub mod http;

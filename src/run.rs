@@ -173,13 +173,13 @@ impl Server {
             match https {
                 Some(settings) => tokio::spawn(crate::http::run(
                     HttpsListener::new(listener, settings, handshake_timeout),
-                    app.clone(),
+                    app.context.clone(),
                     stopped,
                 )),
-                None => tokio::spawn(crate::http::run(listener, app.clone(), stopped)),
+                None => tokio::spawn(crate::http::run(listener, app.context.clone(), stopped)),
             }
         });
-        let served = crate::server::run(resp, app.clone(), shutdown).await;
+        let served = crate::server::run(resp, app.context.clone(), shutdown).await;
         stop.cancel();
         if let Some(http) = http {
             let _ = http.await;

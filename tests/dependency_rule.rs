@@ -18,31 +18,40 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("engine", &["storage", "coord", "clock"]),
     ("metrics", &["engine"]),
     (
+        "context",
+        &["clock", "config", "coord", "engine", "metrics"],
+    ),
+    (
         "cmd",
-        &["access", "auth", "clock", "engine", "metrics", "protocol"],
+        &[
+            "access", "auth", "clock", "context", "engine", "metrics", "protocol",
+        ],
     ),
     (
         "http",
-        &["access", "auth", "clock", "engine", "metrics", "tls"],
+        &[
+            "access", "auth", "clock", "context", "engine", "metrics", "tls",
+        ],
     ),
     (
         "app",
-        &["clock", "config", "coord", "engine", "metrics", "storage"],
+        &[
+            "clock", "config", "context", "coord", "engine", "metrics", "storage",
+        ],
     ),
     ("run", &["access", "app", "config", "http", "server", "tls"]),
     (
         "server",
         &[
-            "access", "app", "clock", "cmd", "config", "engine", "metrics", "protocol", "storage",
-            "tls",
+            "access", "app", "clock", "cmd", "config", "context", "engine", "metrics", "protocol",
+            "storage", "tls",
         ],
     ),
 ];
 
-/// Imports against the rule that are known and still to be removed (commands and HTTP take
-/// `&App` instead of a narrow context; the app reads the command table). Each must still
-/// occur, so the list only shrinks.
-const PENDING: &[(&str, &str)] = &[("cmd", "app"), ("http", "app"), ("app", "cmd")];
+/// Imports against the rule that are known and still to be removed (the app reads the command
+/// table to name the per-command metrics). Each must still occur, so the list only shrinks.
+const PENDING: &[(&str, &str)] = &[("app", "cmd")];
 
 fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {

@@ -59,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
                 break;
             }
             batch.start();
-            let reply = cmd::execute(&app, &mut session, &args, &mut batch).await;
+            let reply = cmd::execute(&app.context, &mut session, &args, &mut batch).await;
             batch.flush(&app.metrics);
             drop(args);
             input.advance(used);

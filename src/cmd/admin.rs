@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{lossy, parse_i64, segment_error, wrong_arity};
-use crate::app::App;
+use crate::context::Context;
 use crate::engine::segment::Segment;
 use crate::protocol::Reply;
 
@@ -22,9 +22,9 @@ fn segment_reply(segment: Option<Segment>) -> Reply {
 }
 
 /// `LEAF.TAGS`: one map per tag with its steps, max_id and both buffers.
-pub fn tags(app: &Arc<App>) -> Reply {
+pub fn tags(ctx: &Arc<Context>) -> Reply {
     Reply::Array(
-        app.segments
+        ctx.segments
             .snapshot()
             .into_iter()
             .map(|t| {
@@ -49,7 +49,7 @@ pub fn tags(app: &Arc<App>) -> Reply {
 /// `LEAF.TAG CREATE <tag> <step> [<start>]`, `LEAF.TAG STEP <tag> <step>`,
 /// `LEAF.TAG SKIP <tag> <n>` (reply: the new max_id) and `LEAF.TAG SKIPALL <n>` (reply: a map
 /// of every tag to its new max_id).
-pub async fn tag(args: &[&[u8]], app: &Arc<App>) -> Reply {
+pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     let sub = &args[1];
     if sub.eq_ignore_ascii_case(b"skipall") {
         if args.len() != 3 {
@@ -59,7 +59,7 @@ pub async fn tag(args: &[&[u8]], app: &Arc<App>) -> Reply {
             Ok(n) => n,
             Err(reply) => return reply,
         };
-        return match app.segments.skip_all(n).await {
+        return match ctx.segments.skip_all(n).await {
             Ok(moved) => Reply::Map(
                 moved
                     .into_iter()
@@ -84,13 +84,13 @@ pub async fn tag(args: &[&[u8]], app: &Arc<App>) -> Reply {
             Ok(start) => start.unwrap_or(1),
             Err(reply) => return reply,
         };
-        app.segments.create_tag(tag, step, start, None).await
+        ctx.segments.create_tag(tag, step, start, None).await
     } else if sub.eq_ignore_ascii_case(b"step") {
         if args.len() != 4 {
             return wrong_arity("leaf.tag|step");
         }
         match parse_i64(args[3]) {
-            Ok(step) => app.segments.set_step(tag, step).await,
+            Ok(step) => ctx.segments.set_step(tag, step).await,
             Err(reply) => return reply,
         }
     } else if sub.eq_ignore_ascii_case(b"skip") {
@@ -98,7 +98,7 @@ pub async fn tag(args: &[&[u8]], app: &Arc<App>) -> Reply {
             return wrong_arity("leaf.tag|skip");
         }
         return match parse_i64(args[3]) {
-            Ok(n) => match app.segments.skip(tag, n).await {
+            Ok(n) => match ctx.segments.skip(tag, n).await {
                 Ok(max_id) => Reply::Integer(max_id),
                 Err(e) => segment_error(&e),
             },
@@ -118,8 +118,8 @@ pub async fn tag(args: &[&[u8]], app: &Arc<App>) -> Reply {
 
 /// `LEAF.WORKERS` (admin): one map per row of `leaf_worker`: `worker_id`, `owner`,
 /// `lease_ms_left` (database time; 0 when expired), `fence_ms`.
-pub async fn workers(app: &Arc<App>) -> Reply {
-    let Some(leases) = app.segments.store().clone().worker_leases() else {
+pub async fn workers(ctx: &Arc<Context>) -> Reply {
+    let Some(leases) = ctx.segments.store().clone().worker_leases() else {
         return Reply::error("ERR this storage has no worker-id lease table");
     };
     match leases.workers().await {

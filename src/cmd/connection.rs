@@ -6,8 +6,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{lossy, not_an_integer, parse_i64, wrong_arity, Session};
-use crate::app::App;
 use crate::auth::{self, Role};
+use crate::context::Context;
 use crate::protocol::{Reply, RespVersion};
 
 /// The Redis version leafd reports, so clients enable the RESP3/HELLO features it implements.
@@ -22,8 +22,8 @@ pub fn ping(args: &[&[u8]], _session: &Session) -> Reply {
 }
 
 /// Checks a username/password pair and returns whether the user is an admin.
-fn check_credentials(app: &App, user: &[u8], pass: &[u8]) -> Result<bool, Reply> {
-    let server = &app.config.server;
+fn check_credentials(ctx: &Context, user: &[u8], pass: &[u8]) -> Result<bool, Reply> {
+    let server = &ctx.config.server;
     if !server.auth_required() {
         return Err(Reply::error(
             "ERR AUTH <password> called without any password configured for the default user. \
@@ -37,10 +37,10 @@ fn check_credentials(app: &App, user: &[u8], pass: &[u8]) -> Result<bool, Reply>
 }
 
 /// `AUTH <password>` or `AUTH <username> <password>`.
-pub fn auth(args: &[&[u8]], app: &Arc<App>, session: &mut Session) -> Reply {
+pub fn auth(args: &[&[u8]], ctx: &Arc<Context>, session: &mut Session) -> Reply {
     let result = match args.len() {
-        2 => check_credentials(app, b"default", args[1]),
-        3 => check_credentials(app, args[1], args[2]),
+        2 => check_credentials(ctx, b"default", args[1]),
+        3 => check_credentials(ctx, args[1], args[2]),
         _ => return wrong_arity("auth"),
     };
     match result {
@@ -54,7 +54,7 @@ pub fn auth(args: &[&[u8]], app: &Arc<App>, session: &mut Session) -> Reply {
 }
 
 /// `HELLO [protover [AUTH username password] [SETNAME clientname]]`.
-pub fn hello(args: &[&[u8]], app: &Arc<App>, session: &mut Session) -> Reply {
+pub fn hello(args: &[&[u8]], ctx: &Arc<Context>, session: &mut Session) -> Reply {
     let mut protocol = session.protocol;
     if let Some(version) = args.get(1) {
         protocol = match parse_i64(version) {
@@ -71,7 +71,7 @@ pub fn hello(args: &[&[u8]], app: &Arc<App>, session: &mut Session) -> Reply {
     while i < args.len() {
         let option = &args[i];
         if option.eq_ignore_ascii_case(b"auth") && i + 2 < args.len() {
-            match check_credentials(app, args[i + 1], args[i + 2]) {
+            match check_credentials(ctx, args[i + 1], args[i + 2]) {
                 Ok(admin) => session.admin = admin,
                 Err(reply) => return reply,
             }
@@ -219,10 +219,10 @@ pub fn select(args: &[&[u8]]) -> Reply {
 }
 
 /// `RESET`: back to RESP2, no name, and unauthenticated when a password is set.
-pub fn reset(app: &Arc<App>, session: &mut Session) -> Reply {
+pub fn reset(ctx: &Arc<Context>, session: &mut Session) -> Reply {
     session.protocol = RespVersion::Resp2;
     session.name = None;
-    session.authenticated = !app.config.server.auth_required();
+    session.authenticated = !ctx.config.server.auth_required();
     session.admin = session.authenticated && session.admin_without_auth;
     session.transaction = None;
     Reply::Simple("RESET".into())

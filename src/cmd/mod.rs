@@ -18,7 +18,7 @@ use table::CommandId;
 
 use bytes::Bytes;
 
-use crate::app::App;
+use crate::context::Context;
 use crate::engine::segment::SegmentError;
 use crate::metrics::BatchMetrics;
 use crate::protocol::{Reply, RespVersion};
@@ -78,14 +78,14 @@ impl Session {
 /// Runs one command and notes it in the connection's `batch`. Never fails: every problem is
 /// an error reply.
 pub async fn execute(
-    app: &Arc<App>,
+    ctx: &Arc<Context>,
     session: &mut Session,
     args: &[&[u8]],
     batch: &mut BatchMetrics,
 ) -> Reply {
     let id = args.first().and_then(|name| CommandId::resolve(name));
     let queued = match session.transaction {
-        Some(_) => transaction::queue(app, session, args),
+        Some(_) => transaction::queue(ctx, session, args),
         None => None,
     };
     let mut waited = false;
@@ -93,12 +93,12 @@ pub async fn execute(
         (Some(reply), _) => reply,
         (None, Some(id)) => match admit(id.spec(), session, args.len()) {
             Err(refusal) => refusal,
-            Ok(()) => match answer_at_once(id, app, args) {
+            Ok(()) => match answer_at_once(id, ctx, args) {
                 Some(reply) => reply,
                 None => {
                     // Boxed: only commands that may wait get here, and a future held inline
                     // would be part of every connection's memory, idle or not.
-                    let mut command = Box::pin(run(id, app, session, args));
+                    let mut command = Box::pin(run(id, ctx, session, args));
                     // Whether it waited decides how it is timed (see BatchMetrics).
                     std::future::poll_fn(|cx| {
                         let poll = command.as_mut().poll(cx);
@@ -111,8 +111,8 @@ pub async fn execute(
         },
         (None, None) => unknown_command(args),
     };
-    if let (Some(id), true) = (id, app.metrics.enabled()) {
-        batch.record(&app.metrics, id as usize, reply.is_error(), waited);
+    if let (Some(id), true) = (id, ctx.metrics.enabled()) {
+        batch.record(&ctx.metrics, id as usize, reply.is_error(), waited);
     }
     reply
 }
@@ -130,75 +130,75 @@ fn admit(spec: &table::CommandSpec, session: &Session, argc: usize) -> Result<()
 
 /// The hot commands' replies when their engine has the ID at hand, as [`run`] would give
 /// them, without building a command future; `None` sends the command to `run`.
-fn answer_at_once(id: CommandId, app: &Arc<App>, args: &[&[u8]]) -> Option<Reply> {
+fn answer_at_once(id: CommandId, ctx: &Arc<Context>, args: &[&[u8]]) -> Option<Reply> {
     match id {
         CommandId::Incr if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
-            snowflake::next_at_once(app)
+            snowflake::next_at_once(ctx)
         }
-        CommandId::Incr => segment::incr_at_once(args[1], app),
-        CommandId::Snowflake if args.len() == 1 => snowflake::next_at_once(app),
+        CommandId::Incr => segment::incr_at_once(args[1], ctx),
+        CommandId::Snowflake if args.len() == 1 => snowflake::next_at_once(ctx),
         _ => None,
     }
 }
 
 /// Runs an admitted command (see [`admit`]).
-async fn run(id: CommandId, app: &Arc<App>, session: &mut Session, args: &[&[u8]]) -> Reply {
+async fn run(id: CommandId, ctx: &Arc<Context>, session: &mut Session, args: &[&[u8]]) -> Reply {
     let spec = id.spec();
     use CommandId::*;
     match id {
         Incr if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
-            snowflake::next(app).await
+            snowflake::next(ctx).await
         }
         Incr => match segment::Incr::parse(args) {
-            Ok(cmd) => cmd.apply(app).await,
+            Ok(cmd) => cmd.apply(ctx).await,
             Err(reply) => reply,
         },
         // Clients such as redis-py send INCR as INCRBY key 1.
         IncrBy if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
-            snowflake::incrby(args, app).await
+            snowflake::incrby(args, ctx).await
         }
-        IncrBy => match segment::IncrBy::parse(args, app) {
-            Ok(cmd) => cmd.apply(app).await,
+        IncrBy => match segment::IncrBy::parse(args, ctx) {
+            Ok(cmd) => cmd.apply(ctx).await,
             Err(reply) => reply,
         },
-        Snowflake => snowflake::snowflake(args, app).await,
-        Get => snowflake::get(args, app).await,
-        LeafDecode => snowflake::decode(args, app),
+        Snowflake => snowflake::snowflake(args, ctx).await,
+        Get => snowflake::get(args, ctx).await,
+        LeafDecode => snowflake::decode(args, ctx),
         Ping => connection::ping(args, session),
         Echo => Reply::Bulk(Bytes::copy_from_slice(args[1])),
-        Hello => connection::hello(args, app, session),
-        Auth => connection::auth(args, app, session),
+        Hello => connection::hello(args, ctx, session),
+        Auth => connection::auth(args, ctx, session),
         Client => connection::client(args, session),
         Select => connection::select(args),
         Quit => {
             session.closing = true;
             Reply::ok()
         }
-        Reset => connection::reset(app, session),
+        Reset => connection::reset(ctx, session),
         Command => server::command(args),
-        Info => server::info(args, app),
+        Info => server::info(args, ctx),
         Time => server::time(),
         Config | LeafTag | Shutdown | LeafWorkers if !session.admin => {
-            admin_refusal(app, spec.name)
+            admin_refusal(ctx, spec.name)
         }
-        LeafWorkers => admin::workers(app).await,
-        Config => server::config(args, app),
-        Shutdown => server::shutdown(args, app, session),
-        LeafTags => admin::tags(app),
-        LeafTag => admin::tag(args, app).await,
+        LeafWorkers => admin::workers(ctx).await,
+        Config => server::config(args, ctx),
+        Shutdown => server::shutdown(args, ctx, session),
+        LeafTags => admin::tags(ctx),
+        LeafTag => admin::tag(args, ctx).await,
         Multi => transaction::multi(session),
         Discard => transaction::discard(session),
         Watch => transaction::watch(session),
         Unwatch => Reply::ok(),
         // Boxed: EXEC runs the queued commands through `run` (never another EXEC: it is not queued).
-        Exec => Box::pin(transaction::exec(app, session)).await,
+        Exec => Box::pin(transaction::exec(ctx, session)).await,
     }
 }
 
 /// Why a client may not run an admin command: its user is not an admin, or (no password
 /// configured) it connects from another host.
-fn admin_refusal(app: &App, name: &str) -> Reply {
-    if app.config.server.auth_required() {
+fn admin_refusal(ctx: &Context, name: &str) -> Reply {
+    if ctx.config.server.auth_required() {
         Reply::error(format!(
             "NOPERM this user has no permissions to run the '{name}' command"
         ))

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{lossy, parse_i64, segment_error};
-use crate::app::App;
+use crate::context::Context;
 use crate::protocol::Reply;
 
 const SEGMENT_PREFIX: &[u8] = b"segment:";
@@ -22,9 +22,9 @@ fn tag_of(key: &[u8]) -> Result<&str, Reply> {
 /// `INCR <key>` answered from the tag's buffer when it has the ID at hand (nearly always),
 /// without waiting; `None` for anything else (another key, a tag to load): [`Incr`] then
 /// parses the key and gives the reply or the error.
-pub fn incr_at_once(key: &[u8], app: &Arc<App>) -> Option<Reply> {
+pub fn incr_at_once(key: &[u8], ctx: &Arc<Context>) -> Option<Reply> {
     let tag = key.strip_prefix(SEGMENT_PREFIX)?;
-    app.segments.try_next_ids(tag, 1).map(Reply::Integer)
+    ctx.segments.try_next_ids(tag, 1).map(Reply::Integer)
 }
 
 /// `INCR segment:<tag>`: the next ID of the tag.
@@ -39,8 +39,8 @@ impl<'a> Incr<'a> {
         })
     }
 
-    pub async fn apply(self, app: &Arc<App>) -> Reply {
-        match app.segments.next_ids(self.tag, 1).await {
+    pub async fn apply(self, ctx: &Arc<Context>) -> Reply {
+        match ctx.segments.next_ids(self.tag, 1).await {
             Ok(id) => Reply::Integer(id),
             Err(e) => segment_error(&e),
         }
@@ -54,13 +54,13 @@ pub struct IncrBy<'a> {
 }
 
 impl<'a> IncrBy<'a> {
-    pub fn parse(args: &'a [&'a [u8]], app: &App) -> Result<IncrBy<'a>, Reply> {
+    pub fn parse(args: &'a [&'a [u8]], ctx: &Context) -> Result<IncrBy<'a>, Reply> {
         let tag = tag_of(args[1])?;
         let count = parse_i64(args[2])?;
         if count < 1 {
             return Err(Reply::error("ERR increment must be positive"));
         }
-        let max = app.config.server.max_incrby;
+        let max = ctx.config.server.max_incrby;
         if count > max {
             return Err(Reply::error(format!(
                 "ERR increment exceeds the maximum of {max}"
@@ -69,8 +69,8 @@ impl<'a> IncrBy<'a> {
         Ok(IncrBy { tag, count })
     }
 
-    pub async fn apply(self, app: &Arc<App>) -> Reply {
-        match app.segments.next_ids(self.tag, self.count).await {
+    pub async fn apply(self, ctx: &Arc<Context>) -> Reply {
+        match ctx.segments.next_ids(self.tag, self.count).await {
             Ok(last) => Reply::Integer(last),
             Err(e) => segment_error(&e),
         }

@@ -9,7 +9,7 @@ use super::connection::REDIS_COMPAT_VERSION;
 use super::glob::Glob;
 use super::table::{self, CommandSpec, COMMANDS};
 use super::{lossy, wrong_arity};
-use crate::app::App;
+use crate::context::Context;
 use crate::protocol::Reply;
 
 fn command_info(spec: &CommandSpec) -> Reply {
@@ -84,7 +84,7 @@ pub fn command(args: &[&[u8]]) -> Reply {
 }
 
 /// `INFO [section …]`: server, clients, stats, persistence, replication, leafd, keyspace.
-pub fn info(args: &[&[u8]], app: &Arc<App>) -> Reply {
+pub fn info(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     let wanted: Vec<String> = args[1..]
         .iter()
         .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
@@ -95,7 +95,7 @@ pub fn info(args: &[&[u8]], app: &Arc<App>) -> Reply {
             .any(|w| w == "all" || w == "default" || w == "everything");
     let show = |section: &str| all || wanted.iter().any(|w| w == section);
     let mut out = String::new();
-    let uptime = app.started_at.elapsed().as_secs();
+    let uptime = ctx.started_at.elapsed().as_secs();
     if show("server") {
         let _ = write!(
             out,
@@ -106,8 +106,8 @@ pub fn info(args: &[&[u8]], app: &Arc<App>) -> Reply {
             std::env::consts::OS,
             std::env::consts::ARCH,
             std::process::id(),
-            app.local_port(),
-            app.tls_port(),
+            ctx.local_port(),
+            ctx.tls_port(),
             uptime / 86_400,
         );
     }
@@ -115,8 +115,8 @@ pub fn info(args: &[&[u8]], app: &Arc<App>) -> Reply {
         let _ = write!(
             out,
             "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
-            app.stats.connected_clients.load(Ordering::Relaxed),
-            app.config.server.max_clients,
+            ctx.stats.connected_clients.load(Ordering::Relaxed),
+            ctx.config.server.max_clients,
         );
     }
     if show("stats") {
@@ -124,9 +124,9 @@ pub fn info(args: &[&[u8]], app: &Arc<App>) -> Reply {
             out,
             "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
              rejected_connections:{}\r\n\r\n",
-            app.stats.total_connections.load(Ordering::Relaxed),
-            app.stats.total_commands.load(Ordering::Relaxed),
-            app.stats.rejected_connections.load(Ordering::Relaxed),
+            ctx.stats.total_connections.load(Ordering::Relaxed),
+            ctx.stats.total_commands.load(Ordering::Relaxed),
+            ctx.stats.rejected_connections.load(Ordering::Relaxed),
         );
     }
     if show("persistence") {
@@ -136,22 +136,22 @@ pub fn info(args: &[&[u8]], app: &Arc<App>) -> Reply {
         out.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n");
     }
     if show("leafd") {
-        let seg = app.segments.stats();
+        let seg = ctx.segments.stats();
         let _ = write!(
             out,
             "# Leafd\r\nsegment_storage:{}\r\nsegment_storage_ready:{}\r\nsegment_tags:{}\r\nsegment_ids_served:{}\r\n\
              segment_loads_ok:{}\r\nsegment_loads_failed:{}\r\nsegment_request_waits:{}\r\n",
-            app.segments.store().backend(),
-            app.storage_ready() as u8,
-            app.segments.tag_count(),
-            app.segments.snapshot().iter().map(|t| t.served).sum::<u64>(),
+            ctx.segments.store().backend(),
+            ctx.storage_ready() as u8,
+            ctx.segments.tag_count(),
+            ctx.segments.snapshot().iter().map(|t| t.served).sum::<u64>(),
             seg.loads_ok.load(Ordering::Relaxed),
             seg.loads_failed.load(Ordering::Relaxed),
             seg.request_waits.load(Ordering::Relaxed),
         );
     }
     if show("leafd") {
-        if let Some(engine) = &app.snowflake {
+        if let Some(engine) = &ctx.snowflake {
             let st = engine.stats();
             let _ = write!(
                 out,
@@ -163,7 +163,7 @@ pub fn info(args: &[&[u8]], app: &Arc<App>) -> Reply {
                 st.clock_backward_events.load(Ordering::Relaxed),
             );
         }
-        if let Some(zk) = &app.zookeeper {
+        if let Some(zk) = &ctx.zookeeper {
             let age = crate::clock::Clock::now_millis(&crate::clock::SystemClock)
                 .saturating_sub(zk.last_report_ms());
             let _ = write!(
@@ -192,7 +192,7 @@ pub fn time() -> Reply {
 }
 
 /// `CONFIG GET <pattern> […]` over a harmless subset; `CONFIG SET` and friends are refused.
-pub fn config(args: &[&[u8]], app: &Arc<App>) -> Reply {
+pub fn config(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     let sub = args[1].to_ascii_lowercase();
     if sub != b"get" {
         return Reply::error(format!(
@@ -203,13 +203,13 @@ pub fn config(args: &[&[u8]], app: &Arc<App>) -> Reply {
     if args.len() < 3 {
         return wrong_arity("config|get");
     }
-    let server = &app.config.server;
+    let server = &ctx.config.server;
     let params: [(&str, String); 10] = [
         ("maxclients", server.max_clients.to_string()),
         ("timeout", server.idle_timeout_secs.to_string()),
         ("databases", "1".into()),
-        ("port", app.local_port().to_string()),
-        ("tls-port", app.tls_port().to_string()),
+        ("port", ctx.local_port().to_string()),
+        ("tls-port", ctx.tls_port().to_string()),
         ("save", String::new()),
         ("appendonly", "no".into()),
         ("proto-max-bulk-len", server.max_bulk_len.to_string()),
@@ -232,7 +232,7 @@ pub fn config(args: &[&[u8]], app: &Arc<App>) -> Reply {
 /// `SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE]` (admin): stops leafd gracefully, as SIGTERM does; the
 /// options are accepted and ignored (leafd has no dataset to save). As Redis, the client gets
 /// no reply: its connection closes.
-pub fn shutdown(args: &[&[u8]], app: &Arc<App>, session: &mut crate::cmd::Session) -> Reply {
+pub fn shutdown(args: &[&[u8]], ctx: &Arc<Context>, session: &mut crate::cmd::Session) -> Reply {
     for arg in &args[1..] {
         let known = [&b"nosave"[..], b"save", b"now", b"force"]
             .iter()
@@ -244,7 +244,7 @@ pub fn shutdown(args: &[&[u8]], app: &Arc<App>, session: &mut crate::cmd::Sessio
             return Reply::error("ERR syntax error");
         }
     }
-    app.request_shutdown();
+    ctx.request_shutdown();
     session.silent = true;
     session.closing = true;
     Reply::ok()

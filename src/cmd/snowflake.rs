@@ -5,15 +5,15 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::{lossy, parse_i64};
-use crate::app::App;
+use crate::context::Context;
 use crate::engine::snowflake::{SnowflakeEngine, SnowflakeError};
 use crate::protocol::Reply;
 
 /// The key that INCR and GET treat as "the next snowflake ID".
 pub const SNOWFLAKE_KEY: &[u8] = b"snowflake";
 
-fn engine(app: &App) -> Result<&Arc<SnowflakeEngine>, Reply> {
-    app.snowflake
+fn engine(ctx: &Context) -> Result<&Arc<SnowflakeEngine>, Reply> {
+    ctx.snowflake
         .as_ref()
         .ok_or_else(|| Reply::error("ERR snowflake is disabled on this server"))
 }
@@ -30,8 +30,8 @@ fn snowflake_error(err: &SnowflakeError) -> Reply {
 }
 
 /// One ID: `SNOWFLAKE`, `INCR snowflake`, `GET snowflake`.
-pub async fn next(app: &Arc<App>) -> Reply {
-    let engine = match engine(app) {
+pub async fn next(ctx: &Arc<Context>) -> Reply {
+    let engine = match engine(ctx) {
         Ok(engine) => engine,
         Err(reply) => return reply,
     };
@@ -42,8 +42,8 @@ pub async fn next(app: &Arc<App>) -> Reply {
 }
 
 /// [`next`] when the ID can be issued without waiting (nearly always); `None` otherwise.
-pub fn next_at_once(app: &App) -> Option<Reply> {
-    let engine = app.snowflake.as_ref()?;
+pub fn next_at_once(ctx: &Context) -> Option<Reply> {
+    let engine = ctx.snowflake.as_ref()?;
     match engine.try_next_id() {
         Ok(id) => id.map(Reply::Integer),
         Err(e) => Some(snowflake_error(&e)),
@@ -51,9 +51,9 @@ pub fn next_at_once(app: &App) -> Option<Reply> {
 }
 
 /// `SNOWFLAKE [n]`: one integer, or an array of n strictly increasing IDs.
-pub async fn snowflake(args: &[&[u8]], app: &Arc<App>) -> Reply {
+pub async fn snowflake(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     let Some(count) = args.get(1) else {
-        return next(app).await;
+        return next(ctx).await;
     };
     if args.len() > 2 {
         return super::wrong_arity("snowflake");
@@ -62,11 +62,11 @@ pub async fn snowflake(args: &[&[u8]], app: &Arc<App>) -> Reply {
         Ok(n) => n,
         Err(reply) => return reply,
     };
-    let max = app.config.snowflake.max_batch;
+    let max = ctx.config.snowflake.max_batch;
     if n < 1 || n as u64 > max as u64 {
         return Reply::error(format!("ERR count must be between 1 and {max}"));
     }
-    let engine = match engine(app) {
+    let engine = match engine(ctx) {
         Ok(engine) => engine,
         Err(reply) => return reply,
     };
@@ -78,9 +78,9 @@ pub async fn snowflake(args: &[&[u8]], app: &Arc<App>) -> Reply {
 
 /// `INCRBY snowflake 1` (what some clients send for INCR). Snowflake IDs are not contiguous,
 /// so a block larger than one is refused.
-pub async fn incrby(args: &[&[u8]], app: &Arc<App>) -> Reply {
+pub async fn incrby(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     match parse_i64(args[2]) {
-        Ok(1) => next(app).await,
+        Ok(1) => next(ctx).await,
         Ok(_) => Reply::error("ERR INCRBY snowflake takes only 1: use SNOWFLAKE <n> for more IDs"),
         Err(reply) => reply,
     }
@@ -89,9 +89,9 @@ pub async fn incrby(args: &[&[u8]], app: &Arc<App>) -> Reply {
 /// `GET snowflake`: the next ID as a bulk string, as GET always answers in Redis (and so that
 /// JavaScript clients, whose numbers hold 53 bits, get it exactly); any other key is not
 /// something leafd stores.
-pub async fn get(args: &[&[u8]], app: &Arc<App>) -> Reply {
+pub async fn get(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     if args[1].eq_ignore_ascii_case(SNOWFLAKE_KEY) {
-        match next(app).await {
+        match next(ctx).await {
             Reply::Integer(id) => Reply::bulk(id.to_string()),
             other => other,
         }
@@ -104,12 +104,12 @@ pub async fn get(args: &[&[u8]], app: &Arc<App>) -> Reply {
 }
 
 /// `LEAF.DECODE <id>`: timestamp, UTC time, worker id and sequence of a snowflake ID.
-pub fn decode(args: &[&[u8]], app: &Arc<App>) -> Reply {
+pub fn decode(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     let id = match parse_i64(args[1]) {
         Ok(id) => id,
         Err(reply) => return reply,
     };
-    let layout = crate::app::snowflake_layout(&app.config.snowflake);
+    let layout = ctx.snowflake_layout;
     let Some(fields) = layout.decode(id) else {
         return Reply::error("ERR a snowflake ID is a positive integer");
     };

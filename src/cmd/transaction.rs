@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::table::{self, CommandId};
 use super::{lossy, unknown_command, Session};
-use crate::app::App;
+use crate::context::Context;
 use crate::protocol::Reply;
 
 /// The commands queued since MULTI.
@@ -34,13 +34,13 @@ fn acts_immediately(name: &[u8]) -> bool {
 
 /// Inside MULTI, checks and queues `args` (returning `+QUEUED` or the error that will make EXEC
 /// abort); `None` when the command is not for the queue.
-pub(super) fn queue(app: &App, session: &mut Session, args: &[&[u8]]) -> Option<Reply> {
+pub(super) fn queue(ctx: &Context, session: &mut Session, args: &[&[u8]]) -> Option<Reply> {
     let name = args.first()?;
     if acts_immediately(name) {
         return None;
     }
     let queued = session.transaction.as_ref()?.queued.len();
-    let limit = app.config.server.max_multi_commands;
+    let limit = ctx.config.server.max_multi_commands;
     let refusal = match table::lookup(name) {
         None => Some(unknown_command(args)),
         Some(spec) => match super::admit(spec, session, args.len()) {
@@ -91,7 +91,7 @@ pub(super) fn watch(session: &Session) -> Reply {
 }
 
 /// `EXEC`: the replies of the queued commands in order, or `-EXECABORT` if one was refused.
-pub(super) async fn exec(app: &Arc<App>, session: &mut Session) -> Reply {
+pub(super) async fn exec(ctx: &Arc<Context>, session: &mut Session) -> Reply {
     let Some(transaction) = session.transaction.take() else {
         return Reply::error("ERR EXEC without MULTI");
     };
@@ -103,7 +103,7 @@ pub(super) async fn exec(app: &Arc<App>, session: &mut Session) -> Reply {
         let args: Vec<&[u8]> = owned.iter().map(|arg| &arg[..]).collect();
         // Checked when queued; resolved again only to reach the command's type.
         let reply = match CommandId::resolve(args[0]) {
-            Some(id) => super::run(id, app, session, &args).await,
+            Some(id) => super::run(id, ctx, session, &args).await,
             None => Reply::error(format!("ERR unknown command '{}'", lossy(args[0]))),
         };
         replies.push(reply);

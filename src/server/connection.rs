@@ -13,9 +13,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::App;
 use crate::cmd::{self, Session};
 use crate::config::ServerConfig;
+use crate::context::Context;
 use crate::metrics::BatchMetrics;
 use crate::protocol::{Args, Reply, RequestDecoder, RequestLimits};
 
@@ -152,20 +152,20 @@ pub(crate) fn request_limits(server: &ServerConfig) -> RequestLimits {
 pub(crate) async fn serve(
     mut stream: impl ClientStream,
     peer: SocketAddr,
-    app: &Arc<App>,
+    ctx: &Arc<Context>,
     stop: Stop,
 ) {
-    let server = &app.config.server;
+    let server = &ctx.config.server;
     let decoder = RequestDecoder::new(request_limits(server));
     let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
     let idle_timeout = secs(server.idle_timeout_secs);
     let write_timeout = secs(server.write_timeout_secs);
     let mut session = Session::new(
-        app.next_client_id(),
+        ctx.next_client_id(),
         peer.to_string(),
         server.auth_required(),
     )
-    .with_admin_without_auth(crate::access::unauthenticated_admin(&app.config, peer));
+    .with_admin_without_auth(crate::access::unauthenticated_admin(&ctx.config, peer));
     // Buffers are taken when data arrives and given back whenever they are empty, so an idle
     // connection holds no buffer memory (10,000 idle clients would otherwise pin 80 MB).
     let mut input = BytesMut::new();
@@ -174,7 +174,7 @@ pub(crate) async fn serve(
     // trickling a partial frame (slowloris) is closed like a silent one.
     let mut last_command = tokio::time::Instant::now();
     let mut batch = BatchMetrics::default();
-    let timed = app.metrics.enabled();
+    let timed = ctx.metrics.enabled();
     // Made once: a new wait per read would join and leave the token's waiter list each time.
     let stopped = stop.wait();
     tokio::pin!(stopped);
@@ -203,7 +203,7 @@ pub(crate) async fn serve(
                 break;
             }
             executed += 1;
-            let reply = cmd::execute(app, &mut session, &args, &mut batch).await;
+            let reply = cmd::execute(ctx, &mut session, &args, &mut batch).await;
             if output.capacity() == 0 {
                 output = spare::take();
             }
@@ -223,9 +223,9 @@ pub(crate) async fn serve(
         }
         input.advance(consumed);
         // Shared counters are updated once per batch, not per command.
-        batch.flush(&app.metrics);
+        batch.flush(&ctx.metrics);
         if executed > 0 {
-            app.stats
+            ctx.stats
                 .total_commands
                 .fetch_add(executed, Ordering::Relaxed);
             if idle_timeout.is_some() {

@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
 
-use crate::app::App;
+use crate::context::Context;
 use crate::tls;
 use connection::{ClientStream, Stop};
 use io_threads::IoThreads;
@@ -40,29 +40,29 @@ async fn accept_on(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream
 /// SHUTDOWN), then waits for open connections to finish the commands they already received.
 pub async fn run(
     listeners: Listeners,
-    app: Arc<App>,
+    ctx: Arc<Context>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     if let Some(addr) = listeners.plain.as_ref().and_then(|l| l.local_addr().ok()) {
-        app.set_local_port(addr.port());
+        ctx.set_local_port(addr.port());
     }
     if let Some(addr) = listeners
         .tls
         .as_ref()
         .and_then(|(l, ..)| l.local_addr().ok())
     {
-        app.set_tls_port(addr.port());
+        ctx.set_tls_port(addr.port());
     }
-    let limit = Arc::new(Semaphore::new(app.config.server.max_clients));
+    let limit = Arc::new(Semaphore::new(ctx.config.server.max_clients));
     let stop = Stop::default();
     let connections = TaskTracker::new();
-    let io_threads = IoThreads::start(app.config.server.effective_io_threads())?;
+    let io_threads = IoThreads::start(ctx.config.server.effective_io_threads())?;
     let tls_listener = listeners.tls.as_ref().map(|(l, ..)| l);
     tokio::pin!(shutdown);
     loop {
         let (accepted, tls) = tokio::select! {
             _ = &mut shutdown => break,
-            _ = app.shutdown_requested() => break,
+            _ = ctx.shutdown_requested() => break,
             accepted = accept_on(listeners.plain.as_ref()) => (accepted, None),
             accepted = accept_on(tls_listener) => {
                 (accepted, listeners.tls.as_ref().map(|(_, a, t)| (a.clone(), *t)))
@@ -77,11 +77,11 @@ pub async fn run(
                 continue;
             }
         };
-        app.stats.total_connections.fetch_add(1, Ordering::Relaxed);
+        ctx.stats.total_connections.fetch_add(1, Ordering::Relaxed);
         let _ = stream.set_nodelay(true);
         let permit = limit.clone().try_acquire_owned().ok();
         if permit.is_none() {
-            app.stats
+            ctx.stats
                 .rejected_connections
                 .fetch_add(1, Ordering::Relaxed);
         }
@@ -92,7 +92,7 @@ pub async fn run(
                 continue;
             }
         };
-        let app = app.clone();
+        let ctx = ctx.clone();
         let stop = stop.clone();
         // Counted from now, so shutdown waits for a connection still on its way to its thread.
         let tracked = connections.token();
@@ -107,10 +107,10 @@ pub async fn run(
                 }
             };
             match tls {
-                None => serve_or_reject(stream, peer, &app, stop, permit).await,
+                None => serve_or_reject(stream, peer, &ctx, stop, permit).await,
                 Some((settings, limit)) => {
                     Box::pin(serve_tls(
-                        stream, peer, &app, stop, permit, &settings, limit,
+                        stream, peer, &ctx, stop, permit, &settings, limit,
                     ))
                     .await
                 }
@@ -122,7 +122,7 @@ pub async fn run(
     connections.close();
     // Commands in flight get a bounded time to finish: a stuck one must not keep the
     // process from stopping.
-    let grace = Duration::from_secs(app.config.server.shutdown_timeout_secs);
+    let grace = Duration::from_secs(ctx.config.server.shutdown_timeout_secs);
     if tokio::time::timeout(grace, connections.wait())
         .await
         .is_err()
@@ -142,7 +142,7 @@ pub async fn run(
 async fn serve_tls(
     stream: TcpStream,
     peer: SocketAddr,
-    app: &Arc<App>,
+    ctx: &Arc<Context>,
     stop: Stop,
     permit: Option<OwnedSemaphorePermit>,
     settings: &tls::TlsSettings,
@@ -154,7 +154,7 @@ async fn serve_tls(
         handshake = tls::handshake(settings, stream, limit) => handshake,
     };
     match handshake {
-        Ok(stream) => serve_or_reject(stream, peer, app, stop, permit).await,
+        Ok(stream) => serve_or_reject(stream, peer, ctx, stop, permit).await,
         Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
     }
 }
@@ -164,11 +164,11 @@ async fn serve_tls(
 async fn serve_or_reject(
     mut stream: impl ClientStream,
     peer: SocketAddr,
-    app: &Arc<App>,
+    ctx: &Arc<Context>,
     stop: Stop,
     permit: Option<OwnedSemaphorePermit>,
 ) {
-    if crate::access::protected_mode_refuses(&app.config, peer) {
+    if crate::access::protected_mode_refuses(&ctx.config, peer) {
         let reply = format!("-{}\r\n", crate::access::PROTECTED_MODE_DENIED);
         let _ = stream.write_all(reply.as_bytes()).await;
         connection::close_gracefully(stream).await;
@@ -181,9 +181,9 @@ async fn serve_or_reject(
         connection::close_gracefully(stream).await;
         return;
     };
-    app.stats.connected_clients.fetch_add(1, Ordering::Relaxed);
-    connection::serve(stream, peer, app, stop).await;
-    app.stats.connected_clients.fetch_sub(1, Ordering::Relaxed);
+    ctx.stats.connected_clients.fetch_add(1, Ordering::Relaxed);
+    connection::serve(stream, peer, ctx, stop).await;
+    ctx.stats.connected_clients.fetch_sub(1, Ordering::Relaxed);
     drop(permit);
 }
 
@@ -218,7 +218,7 @@ mod tests {
             .await
             .unwrap();
         let peer = stream.local_addr().unwrap();
-        let serve = super::connection::serve(stream, peer, &app, Default::default());
+        let serve = super::connection::serve(stream, peer, &app.context, Default::default());
         let bytes = future_size(&serve);
         // 1,400 bytes when written: the command future of anything that may wait is boxed.
         assert!(
