@@ -1,0 +1,213 @@
+//! Configuration: a TOML file with serde defaults for every key, overridden by `LEAFD_*`
+//! environment variables and CLI flags in `main`, validated once before anything starts.
+
+mod http;
+mod segment;
+mod server;
+mod snowflake;
+mod storage;
+mod tls;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+pub use http::HttpConfig;
+pub use segment::{SegmentConfig, TagSeed};
+pub use server::{ServerConfig, UserConfig};
+pub use snowflake::{CoordinatorKind, SnowflakeConfig, ZookeeperConfig};
+pub use storage::StorageConfig;
+pub use tls::TlsConfig;
+
+/// Whole-server configuration. Every field has a default, so an empty file is valid.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub storage: StorageConfig,
+    pub segment: SegmentConfig,
+    pub snowflake: SnowflakeConfig,
+    pub http: HttpConfig,
+    pub tls: TlsConfig,
+    pub admin: AdminConfig,
+}
+
+/// Who may run admin commands (LEAF.TAG, CONFIG, SHUTDOWN, the HTTP tag endpoints) when no
+/// password or user is configured.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Without a password, admin commands are refused from other hosts unless this is true
+    /// (named so that nobody sets it by accident).
+    pub allow_unauthenticated: bool,
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        path: String,
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// The address of this node's RESP service, as other nodes would name it: the plaintext
+    /// listener's, or the TLS listener's when there is no plaintext one.
+    pub fn resp_bind(&self) -> &str {
+        match (&self.server.bind, &self.tls.bind) {
+            (plain, Some(tls)) if plain.is_empty() => tls,
+            (plain, _) => plain,
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file; keys it leaves out keep their defaults.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { source, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: "<inline>".into(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Refuses values that would make the server misbehave rather than fail at start: each
+    /// section's own rules, then the rules that span sections.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.server
+            .validate()
+            .and_then(|()| self.tls.validate())
+            .and_then(|()| self.http.validate())
+            .and_then(|()| self.storage.validate())
+            .and_then(|()| self.segment.validate())
+            .and_then(|()| self.snowflake.validate())
+            .map_err(ConfigError::Invalid)?;
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.server.bind.is_empty() {
+            if self.tls.bind.is_none() {
+                return invalid(
+                    "server.bind may only be empty (no plaintext listener) when tls.bind is set"
+                        .into(),
+                );
+            }
+        } else if self.server.bind.parse::<SocketAddr>().is_err() {
+            return invalid(format!(
+                "server.bind '{}' is not an ip:port address",
+                self.server.bind
+            ));
+        }
+        if self.tls.http && !self.http.enabled {
+            return invalid("tls.http = true needs http.enabled = true".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let cfg = Config::from_toml("").unwrap();
+        assert_eq!(cfg.server.bind, "127.0.0.1:6380");
+        assert_eq!(cfg.storage.url, "sqlite://data/leafd.db");
+        assert_eq!(cfg.segment.refresh_interval_secs, 60);
+        cfg.validate().unwrap();
+    }
+
+    #[test]
+    fn example_file_is_valid_and_shows_the_defaults() {
+        let example = Config::from_toml(include_str!("../../leafd.example.toml")).unwrap();
+        example.validate().unwrap();
+        assert_eq!(
+            format!("{example:?}"),
+            format!("{:?}", Config::default()),
+            "leafd.example.toml must list the defaults"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        assert!(matches!(
+            Config::from_toml("[server]\nbindd = \"x\""),
+            Err(ConfigError::Parse { .. })
+        ));
+        let cfg = Config::from_toml("[[segment.tags]]\ntag = \"a\"\nstep = 0").unwrap();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("step must be between 1 and"), "{err}");
+    }
+
+    #[test]
+    fn io_threads_default_to_half_the_cores_and_are_bounded() {
+        let mut cfg = Config::from_toml("[server]\nio_threads = 3").unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.server.effective_io_threads(), 3);
+        cfg.server.io_threads = 0;
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(cfg.server.effective_io_threads(), (cores / 2).max(1));
+        cfg.server.io_threads = 5000;
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("server.io_threads must be at most 1024"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn plaintext_listener_may_be_off_only_with_a_tls_listener() {
+        let mut cfg = Config::from_toml("[server]\nbind = \"\"").unwrap();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("only be empty"), "{err}");
+        cfg.tls = TlsConfig {
+            bind: Some("10.0.0.5:6390".into()),
+            cert_file: Some("c.pem".into()),
+            key_file: Some("k.pem".into()),
+            ..TlsConfig::default()
+        };
+        cfg.validate().unwrap();
+        assert_eq!(cfg.resp_bind(), "10.0.0.5:6390");
+        cfg.server.bind = "10.0.0.5:6380".into();
+        assert_eq!(cfg.resp_bind(), "10.0.0.5:6380");
+    }
+
+    #[test]
+    fn debug_output_hides_secrets() {
+        let cfg = Config::from_toml(
+            "[server]\nrequirepass = \"hunter2\"\n[storage]\nurl = \"mysql://root:s3cret@db:3306/leaf\"",
+        )
+        .unwrap();
+        let shown = format!("{:?} {:?}", cfg.server, cfg.storage);
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("mysql://root:<redacted>@db:3306/leaf"),
+            "{shown}"
+        );
+    }
+}

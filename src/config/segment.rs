@@ -1,0 +1,72 @@
+//! `[segment]`: Leaf's double buffer and adaptive step, and the tags created at start.
+
+use serde::Deserialize;
+
+/// The segment engine: Leaf's double buffer and adaptive step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SegmentConfig {
+    /// How often the tag list is re-read from the database, in seconds.
+    pub refresh_interval_secs: u64,
+    /// Leaf's adaptive step: double when a segment lasted < 15 min, halve when > 30 min.
+    pub adaptive_step: bool,
+    /// Upper bound of the adaptive step and of `LEAF.TAG` steps.
+    pub max_step: i64,
+    /// Longest a request waits for a segment load when both buffers are empty, in ms.
+    pub load_timeout_ms: u64,
+    /// Most tags `LEAF.TAG CREATE` (and the HTTP endpoint) may bring the table to.
+    pub max_tags: usize,
+    /// Tags created at start when absent (`[[segment.tags]]`).
+    pub tags: Vec<TagSeed>,
+}
+
+impl Default for SegmentConfig {
+    fn default() -> Self {
+        Self {
+            refresh_interval_secs: 60,
+            adaptive_step: true,
+            max_step: 1_000_000,
+            load_timeout_ms: 1000,
+            max_tags: 10_000,
+            tags: Vec::new(),
+        }
+    }
+}
+
+/// A tag to create at start if the table does not have it yet.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TagSeed {
+    pub tag: String,
+    pub step: i64,
+    /// The first ID the tag hands out.
+    #[serde(default = "default_start")]
+    pub start: i64,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+fn default_start() -> i64 {
+    1
+}
+
+impl SegmentConfig {
+    /// The `[segment]` section's own rules; the message names the key.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if !(1..=i32::MAX as i64).contains(&self.max_step) {
+            return Err("segment.max_step must be between 1 and 2147483647".into());
+        }
+        if self.refresh_interval_secs == 0 || self.load_timeout_ms == 0 {
+            return Err("segment.refresh_interval_secs and load_timeout_ms must be > 0".into());
+        }
+        for seed in &self.tags {
+            if !(1..=self.max_step).contains(&seed.step) {
+                return Err(format!(
+                    "segment.tags '{}': step must be between 1 and {}",
+                    seed.tag, self.max_step
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,176 @@
+//! `[snowflake]`: the layout, clock rules, time fence and worker-id coordinator.
+
+use serde::Deserialize;
+
+use super::StorageConfig;
+
+/// Where the snowflake worker id comes from.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CoordinatorKind {
+    /// `snowflake.worker_id` from the configuration (one node, or ids managed by hand).
+    Static,
+    /// Leaf-snowflake's ZooKeeper registration (`[snowflake.zookeeper]`).
+    Zookeeper,
+    /// Leases in `leaf_worker` of the segment database (SQLite, MySQL, PostgreSQL): the
+    /// default, so nodes sharing a database need no worker id by hand.
+    #[default]
+    Database,
+}
+
+/// The snowflake engine and its worker id.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SnowflakeConfig {
+    pub enabled: bool,
+    /// Milliseconds since the UNIX epoch at which timestamps start (Twitter's by default).
+    pub epoch_ms: u64,
+    pub timestamp_bits: u32,
+    pub worker_id_bits: u32,
+    pub sequence_bits: u32,
+    /// A clock step back up to this many ms is waited out; a larger one is refused
+    /// (`-CLOCKBACK`) until the clock has caught up.
+    pub max_backward_ms: u64,
+    /// Largest n of `SNOWFLAKE <n>`.
+    pub max_batch: usize,
+    pub coordinator: CoordinatorKind,
+    /// The worker id when `coordinator = "static"`.
+    pub worker_id: u64,
+    /// The durable time fence: no ID carries a timestamp past the one in this file. Empty:
+    /// `snowflake-fence.json` in `storage.state_dir`.
+    pub fence_file: String,
+    /// How far ahead of the clock the fence is kept (it is extended every quarter of this).
+    pub fence_window_ms: u64,
+    /// At start, a clock behind the fence by up to this much is waited out; more is refused.
+    pub max_start_wait_ms: u64,
+    /// A request that meets the fence (its extension is late) waits this long, then gets
+    /// `UNAVAILABLE`.
+    pub fence_wait_ms: u64,
+    /// `coordinator = "database"`: a worker-id lease lasts this long in database time; a node
+    /// that cannot renew for half of it stops issuing.
+    pub database_lease_ms: u64,
+    pub zookeeper: ZookeeperConfig,
+}
+
+impl Default for SnowflakeConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            // Twitter's epoch and bit split, as Leaf uses them.
+            epoch_ms: 1_288_834_974_657,
+            timestamp_bits: 41,
+            worker_id_bits: 10,
+            sequence_bits: 12,
+            max_backward_ms: 5,
+            max_batch: 4096,
+            coordinator: CoordinatorKind::Database,
+            worker_id: 0,
+            fence_file: String::new(),
+            fence_window_ms: 3000,
+            max_start_wait_ms: 5000,
+            fence_wait_ms: 1000,
+            database_lease_ms: 10_000,
+            zookeeper: ZookeeperConfig::default(),
+        }
+    }
+}
+
+impl SnowflakeConfig {
+    /// The fence file: `fence_file`, else `snowflake-fence.json` in the storage's state
+    /// directory.
+    pub fn fence_path(&self, storage: &StorageConfig) -> std::path::PathBuf {
+        if !self.fence_file.is_empty() {
+            return self.fence_file.clone().into();
+        }
+        storage.state_dir().join("snowflake-fence.json")
+    }
+}
+
+/// Leaf-snowflake's ZooKeeper worker-id registry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ZookeeperConfig {
+    /// ZooKeeper connect string, e.g. `zk1:2181,zk2:2181`.
+    pub connect: String,
+    /// Parent of every cluster's tree.
+    pub root: String,
+    /// Name of this leafd cluster: nodes with the same name share one worker-id space.
+    pub cluster: String,
+    /// This node's identity `ip:port` in ZooKeeper; defaults to `server.bind`.
+    pub advertise: Option<String>,
+    pub session_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    /// How often this node writes its current time into its persistent node.
+    pub report_interval_ms: u64,
+    /// Refuse to start when this node's clock differs from the other live nodes' average by
+    /// more than this (each measured against ZooKeeper's own clock).
+    pub max_clock_skew_ms: u64,
+    /// A worker id whose node has been dead (no liveness node, no time report) for this long
+    /// may be given to a new node; 0 never reuses ids (Leaf's behaviour). A running node that
+    /// cannot report for half this long stops issuing snowflake IDs, so that its id can never
+    /// be in use twice.
+    pub reuse_after_secs: u64,
+    /// Each report writes a fence this far ahead of the clock into ZooKeeper; the node issues
+    /// no ID past the last fence written, so it stops this long after losing ZooKeeper, and
+    /// a node that takes the id over later waits until its clock has passed it.
+    pub lease_ms: u64,
+    /// Local copy of the worker id and last reported time, used when ZooKeeper is down at start.
+    pub cache_file: String,
+}
+
+impl Default for ZookeeperConfig {
+    fn default() -> Self {
+        Self {
+            connect: "127.0.0.1:2181".into(),
+            root: "/leafd/snowflake".into(),
+            cluster: "default".into(),
+            advertise: None,
+            session_timeout_ms: 10_000,
+            connect_timeout_ms: 5_000,
+            report_interval_ms: 3_000,
+            max_clock_skew_ms: 5_000,
+            reuse_after_secs: 86_400,
+            lease_ms: 10_000,
+            cache_file: "data/snowflake-worker.json".into(),
+        }
+    }
+}
+
+impl SnowflakeConfig {
+    /// The `[snowflake]` section's own rules; the message names the key.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.max_batch == 0 || self.max_batch > 100_000 {
+            return Err("snowflake.max_batch must be between 1 and 100000".into());
+        }
+        if self.coordinator == CoordinatorKind::Database && self.database_lease_ms < 1000 {
+            return Err("snowflake.database_lease_ms must be at least 1000".into());
+        }
+        if !(100..=600_000).contains(&self.fence_window_ms) {
+            return Err("snowflake.fence_window_ms must be between 100 and 600000".into());
+        }
+        let zk = &self.zookeeper;
+        if self.coordinator == CoordinatorKind::Zookeeper {
+            if !zk.root.starts_with('/') || zk.root.ends_with('/') || zk.cluster.contains('/') {
+                return Err(
+                    "snowflake.zookeeper.root must start and not end with '/', cluster has no '/'"
+                        .into(),
+                );
+            }
+            if zk.report_interval_ms == 0 || zk.session_timeout_ms == 0 {
+                return Err("snowflake.zookeeper intervals must be > 0".into());
+            }
+            if zk.lease_ms < 2 * zk.report_interval_ms {
+                return Err(
+                    "snowflake.zookeeper.lease_ms must be at least twice report_interval_ms".into(),
+                );
+            }
+            if zk.reuse_after_secs != 0 && zk.reuse_after_secs * 1000 < 10 * zk.session_timeout_ms {
+                return Err(
+                    "snowflake.zookeeper.reuse_after_secs must be 0 or at least 10 session timeouts"
+                        .into(),
+                );
+            }
+        }
+        Ok(())
+    }
+}

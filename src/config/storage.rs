@@ -1,0 +1,114 @@
+//! `[storage]`: the segment database's URL and pool, and this node's state directory.
+
+use std::fmt;
+
+use serde::Deserialize;
+
+/// Where segments are stored: `sqlite://path`, `mysql://…` or `postgres://…`.
+#[derive(Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    pub url: String,
+    pub max_connections: u32,
+    /// How long a database call may wait for a pooled connection, in milliseconds.
+    pub acquire_timeout_ms: u64,
+    /// Create or upgrade the schema at start; turn off where schemas are managed by hand
+    /// (`leafd migrate`), and leafd then refuses to start if `leaf_alloc` is missing.
+    pub migrate: bool,
+    /// Directory of this node's own durable state (the snowflake time fence, the segment
+    /// high-water marks). Empty: the SQLite database's directory, else `data`.
+    pub state_dir: String,
+    /// Start even though both slots of the segment marks exist and neither can be read. The
+    /// node then no longer refuses a range a restored or failed-over database hands out again
+    /// that this node already served: set it only after moving every tag past what was served
+    /// (`LEAF.TAG SKIPALL`), or when the marks are known to hold nothing that matters.
+    pub discard_unreadable_marks: bool,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://data/leafd.db".into(),
+            max_connections: 8,
+            acquire_timeout_ms: 1000,
+            migrate: true,
+            state_dir: String::new(),
+            discard_unreadable_marks: false,
+        }
+    }
+}
+
+impl StorageConfig {
+    /// `state_dir`, else the directory of the SQLite database, else `data`.
+    pub fn state_dir(&self) -> std::path::PathBuf {
+        if !self.state_dir.is_empty() {
+            return self.state_dir.clone().into();
+        }
+        self.url
+            .strip_prefix("sqlite://")
+            .map(|rest| rest.split('?').next().unwrap_or(rest))
+            .filter(|path| !path.is_empty() && !path.starts_with(':'))
+            .map(|path| {
+                std::path::Path::new(path)
+                    .parent()
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or_default()
+            })
+            .unwrap_or_else(|| "data".into())
+    }
+
+    /// Where the segment high-water marks are kept.
+    pub fn marks_path(&self) -> std::path::PathBuf {
+        self.state_dir().join("segment-marks.json")
+    }
+
+    pub fn acquire_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.acquire_timeout_ms)
+    }
+
+    /// The URL with any password replaced, for logs.
+    pub fn redacted_url(&self) -> String {
+        redact_url_password(&self.url)
+    }
+}
+
+impl fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StorageConfig")
+            .field("url", &self.redacted_url())
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout_ms", &self.acquire_timeout_ms)
+            .field("migrate", &self.migrate)
+            .field("state_dir", &self.state_dir)
+            .field("discard_unreadable_marks", &self.discard_unreadable_marks)
+            .finish()
+    }
+}
+
+fn redact_url_password(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:<redacted>{}",
+            &url[..scheme_end + 3],
+            &authority[..colon],
+            &rest[at..]
+        ),
+        _ => url.to_string(),
+    }
+}
+
+impl StorageConfig {
+    /// The `[storage]` section's own rules; the message names the key.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.max_connections == 0 {
+            return Err("storage.max_connections must be at least 1".into());
+        }
+        Ok(())
+    }
+}
