@@ -1,0 +1,90 @@
+//! Leaf's HTTP API, so Leaf users switch without code changes: segment and snowflake IDs as
+//! plain text, and the fields of a snowflake ID.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::context::Context;
+use crate::engine::segment::SegmentError;
+use crate::engine::snowflake::SnowflakeError;
+
+use super::caller::Caller;
+use super::text;
+
+pub(super) fn segment_status(err: &SegmentError) -> StatusCode {
+    match err {
+        SegmentError::UnknownTag(_) => StatusCode::NOT_FOUND,
+        SegmentError::Unavailable { .. } | SegmentError::Storage(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        SegmentError::TagExists(_) => StatusCode::CONFLICT,
+        SegmentError::Invalid(_) => StatusCode::BAD_REQUEST,
+        // The tag will never serve again: not a passing outage.
+        SegmentError::Exhausted(_) => StatusCode::GONE,
+        SegmentError::Rollback { .. } => StatusCode::CONFLICT,
+    }
+}
+
+/// Leaf's `GET /api/segment/get/{tag}`: the next ID as plain text.
+pub(super) async fn segment_id(
+    _: Caller,
+    State(ctx): State<Arc<Context>>,
+    Path(tag): Path<String>,
+) -> Response {
+    match ctx.segments.next_ids(&tag, 1).await {
+        Ok(id) => text(StatusCode::OK, id.to_string()),
+        Err(e) => text(segment_status(&e), format!("{e}\n")),
+    }
+}
+
+/// Leaf's `GET /api/snowflake/get/{key}` (the key is ignored, as in Leaf).
+pub(super) async fn snowflake_id(
+    _: Caller,
+    State(ctx): State<Arc<Context>>,
+    Path(_key): Path<String>,
+) -> Response {
+    let Some(engine) = &ctx.snowflake else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "snowflake is disabled on this server\n".into(),
+        );
+    };
+    match engine.next_id().await {
+        Ok(id) => text(StatusCode::OK, id.to_string()),
+        Err(e @ (SnowflakeError::ClockBack(_) | SnowflakeError::Unavailable(_))) => {
+            text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"))
+        }
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    }
+}
+
+/// `GET /decode/{id}`: the fields of a snowflake ID as JSON.
+pub(super) async fn decode(
+    _: Caller,
+    State(ctx): State<Arc<Context>>,
+    Path(id): Path<String>,
+) -> Response {
+    let layout = ctx.snowflake_layout;
+    let Some(fields) = id.parse::<i64>().ok().and_then(|id| layout.decode(id)) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("'{id}' is not a snowflake ID (a positive 64-bit integer)\n"),
+        );
+    };
+    let time =
+        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(fields.timestamp_ms));
+    Json(json!({
+        "id": id.parse::<i64>().unwrap_or_default(),
+        "timestamp_ms": fields.timestamp_ms,
+        "time": time.to_string(),
+        "worker_id": fields.worker_id,
+        "sequence": fields.sequence,
+    }))
+    .into_response()
+}

@@ -1,0 +1,117 @@
+//! HTTP: Prometheus `/metrics`, `/health`, `/ready` (always open), Leaf's HTTP API and the tag
+//! admin endpoints, behind the same users as RESP when authentication is configured.
+
+mod admin;
+mod cache_page;
+mod caller;
+mod leaf_api;
+
+use admin::{create_tag, update_tag};
+use cache_page::cache;
+pub use caller::{AdminCaller, Caller};
+use leaf_api::{decode, segment_id, snowflake_id};
+
+use std::future::Future;
+use std::sync::Arc;
+
+use std::net::SocketAddr;
+
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, patch, post};
+use axum::serve::IncomingStream;
+use axum::serve::Listener;
+use axum::Router;
+
+use crate::context::Context;
+
+/// Serves HTTP on `listener` (a `TcpListener`, or a [`crate::tls::HttpsListener`]) until
+/// `shutdown` completes.
+pub async fn run<L>(
+    listener: L,
+    ctx: Arc<Context>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: Listener,
+    L::Addr: std::fmt::Debug,
+    for<'a> Peer: Connected<IncomingStream<'a, L>>,
+{
+    axum::serve(
+        listener,
+        router(ctx).into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
+
+/// The client's address, for protected mode and the admin rule.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub SocketAddr);
+
+impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Peer {
+        Peer(*stream.remote_addr())
+    }
+}
+
+impl Connected<IncomingStream<'_, crate::tls::HttpsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, crate::tls::HttpsListener>) -> Peer {
+        Peer(*stream.remote_addr())
+    }
+}
+
+/// The peer of a request; an unknown one is treated as remote (refused rather than trusted).
+fn peer_of(parts: &Parts) -> SocketAddr {
+    parts
+        .extensions
+        .get::<ConnectInfo<Peer>>()
+        .map(|info| info.0 .0)
+        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+}
+
+fn forbidden(message: &str) -> Response {
+    text(StatusCode::FORBIDDEN, format!("{message}\n"))
+}
+
+pub fn router(ctx: Arc<Context>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/ready", get(ready))
+        .route("/api/segment/get/{tag}", get(segment_id))
+        .route("/api/snowflake/get/{key}", get(snowflake_id))
+        .route("/decode/{id}", get(decode))
+        .route("/cache", get(cache))
+        .route("/api/segment/tags", post(create_tag))
+        .route("/api/segment/tags/{tag}", patch(update_tag))
+        .with_state(ctx)
+}
+
+fn text(status: StatusCode, body: String) -> Response {
+    (status, [(CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+async fn metrics(State(ctx): State<Arc<Context>>) -> Response {
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        ctx.render_metrics(),
+    )
+        .into_response()
+}
+
+/// 200 once the database answered and the tag list is loaded; 503 with the reason before.
+async fn ready(State(ctx): State<Arc<Context>>) -> Response {
+    if ctx.storage_ready() {
+        text(StatusCode::OK, "ready\n".into())
+    } else {
+        text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: segment storage not connected\n".into(),
+        )
+    }
+}
