@@ -4,6 +4,7 @@
 mod admin;
 mod connection;
 mod glob;
+mod key;
 mod segment;
 mod server;
 mod snowflake;
@@ -21,7 +22,8 @@ use bytes::Bytes;
 use crate::context::Context;
 use crate::engine::segment::SegmentError;
 use crate::metrics::BatchMetrics;
-use crate::protocol::{Reply, RespVersion};
+use crate::protocol::{ArgCursor, ArgError, Reply, RespVersion};
+use key::Key;
 
 /// Per-connection state that commands read and change.
 #[derive(Debug)]
@@ -132,13 +134,24 @@ fn admit(spec: &table::CommandSpec, session: &Session, argc: usize) -> Result<()
 /// them, without building a command future; `None` sends the command to `run`.
 fn answer_at_once(id: CommandId, ctx: &Arc<Context>, args: &[&[u8]]) -> Option<Reply> {
     match id {
-        CommandId::Incr if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
-            snowflake::next_at_once(ctx)
-        }
-        CommandId::Incr => segment::incr_at_once(args[1], ctx),
+        CommandId::Incr => match Key::of(args[1])? {
+            Key::Snowflake => snowflake::next_at_once(ctx),
+            Key::Segment(tag) => segment::incr_at_once(tag, ctx),
+        },
         CommandId::Snowflake if args.len() == 1 => snowflake::next_at_once(ctx),
         _ => None,
     }
+}
+
+/// `INCRBY <key> <n>`: the key, then the count.
+fn key_and_count<'a>(args: &'a [&'a [u8]]) -> Result<(Key<'a>, i64), Reply> {
+    let mut cursor = ArgCursor::new(args);
+    let key = Key::parse(cursor.next_bytes().map_err(|e| arg_error("incrby", e))?)?;
+    let count = cursor
+        .next_i64()
+        .and_then(|n| cursor.finish().map(|()| n))
+        .map_err(|e| arg_error("incrby", e))?;
+    Ok((key, count))
 }
 
 /// Runs an admitted command (see [`admit`]).
@@ -146,23 +159,19 @@ async fn run(id: CommandId, ctx: &Arc<Context>, session: &mut Session, args: &[&
     let spec = id.spec();
     use CommandId::*;
     match id {
-        Incr if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
-            snowflake::next(ctx).await
-        }
-        Incr => match segment::Incr::parse(args) {
-            Ok(cmd) => cmd.apply(ctx).await,
+        Incr => match Key::parse(args[1]) {
+            Ok(Key::Snowflake) => snowflake::next(ctx).await,
+            Ok(Key::Segment(tag)) => segment::incr(tag, ctx).await,
             Err(reply) => reply,
         },
         // Clients such as redis-py send INCR as INCRBY key 1.
-        IncrBy if args[1].eq_ignore_ascii_case(snowflake::SNOWFLAKE_KEY) => {
-            snowflake::incrby(args, ctx).await
-        }
-        IncrBy => match segment::IncrBy::parse(args, ctx) {
-            Ok(cmd) => cmd.apply(ctx).await,
+        IncrBy => match key_and_count(args) {
+            Ok((Key::Snowflake, count)) => snowflake::incrby(count, ctx).await,
+            Ok((Key::Segment(tag), count)) => segment::incrby(tag, count, ctx).await,
             Err(reply) => reply,
         },
         Snowflake => snowflake::snowflake(args, ctx).await,
-        Get => snowflake::get(args, ctx).await,
+        Get => snowflake::get(args[1], ctx).await,
         LeafDecode => snowflake::decode(args, ctx),
         Ping => connection::ping(args, session),
         Echo => Reply::Bulk(Bytes::copy_from_slice(args[1])),
@@ -237,10 +246,15 @@ pub(crate) fn lossy(arg: &[u8]) -> String {
 }
 
 pub(crate) fn parse_i64(arg: &[u8]) -> Result<i64, Reply> {
-    std::str::from_utf8(arg)
-        .ok()
-        .and_then(|s| s.parse::<i64>().ok())
-        .ok_or_else(not_an_integer)
+    crate::protocol::parse_i64(arg).map_err(|_| not_an_integer())
+}
+
+/// The reply to arguments that do not fit command `name`.
+pub(crate) fn arg_error(name: &str, err: ArgError) -> Reply {
+    match err {
+        ArgError::Missing | ArgError::Extra => wrong_arity(name),
+        ArgError::NotInteger => not_an_integer(),
+    }
 }
 
 /// The RESP error for an engine error; the first word is stable and documented.

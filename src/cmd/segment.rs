@@ -2,77 +2,46 @@
 
 use std::sync::Arc;
 
-use super::{lossy, parse_i64, segment_error};
+use super::{lossy, segment_error};
 use crate::context::Context;
 use crate::protocol::Reply;
 
-const SEGMENT_PREFIX: &[u8] = b"segment:";
-
-/// The tag named by a `segment:<tag>` key.
-fn tag_of(key: &[u8]) -> Result<&str, Reply> {
-    let tag = key.strip_prefix(SEGMENT_PREFIX).ok_or_else(|| {
-        Reply::error(format!(
-            "ERR unsupported key '{}': use segment:<tag> or snowflake",
-            lossy(key)
-        ))
-    })?;
+/// The tag as text (tags are printable ASCII; anything else cannot name one).
+fn tag_text(tag: &[u8]) -> Result<&str, Reply> {
     std::str::from_utf8(tag).map_err(|_| Reply::error(format!("ERR unknown tag '{}'", lossy(tag))))
 }
 
-/// `INCR <key>` answered from the tag's buffer when it has the ID at hand (nearly always),
-/// without waiting; `None` for anything else (another key, a tag to load): [`Incr`] then
-/// parses the key and gives the reply or the error.
-pub fn incr_at_once(key: &[u8], ctx: &Arc<Context>) -> Option<Reply> {
-    let tag = key.strip_prefix(SEGMENT_PREFIX)?;
+/// `INCR segment:<tag>` answered from the tag's buffer when it has the ID at hand (nearly
+/// always), without waiting; `None` when the tag must be loaded first: [`incr`] then gives
+/// the reply or the error.
+pub fn incr_at_once(tag: &[u8], ctx: &Context) -> Option<Reply> {
     ctx.segments.try_next_ids(tag, 1).map(Reply::Integer)
 }
 
 /// `INCR segment:<tag>`: the next ID of the tag.
-pub struct Incr<'a> {
-    tag: &'a str,
-}
-
-impl<'a> Incr<'a> {
-    pub fn parse(args: &'a [&'a [u8]]) -> Result<Incr<'a>, Reply> {
-        Ok(Incr {
-            tag: tag_of(args[1])?,
-        })
-    }
-
-    pub async fn apply(self, ctx: &Arc<Context>) -> Reply {
-        match ctx.segments.next_ids(self.tag, 1).await {
-            Ok(id) => Reply::Integer(id),
-            Err(e) => segment_error(&e),
-        }
-    }
+pub async fn incr(tag: &[u8], ctx: &Arc<Context>) -> Reply {
+    next_ids(tag, 1, ctx).await
 }
 
 /// `INCRBY segment:<tag> <n>`: a block of n contiguous IDs; the reply is the last one.
-pub struct IncrBy<'a> {
-    tag: &'a str,
-    count: i64,
+pub async fn incrby(tag: &[u8], count: i64, ctx: &Arc<Context>) -> Reply {
+    if count < 1 {
+        return Reply::error("ERR increment must be positive");
+    }
+    let max = ctx.config.server.max_incrby;
+    if count > max {
+        return Reply::error(format!("ERR increment exceeds the maximum of {max}"));
+    }
+    next_ids(tag, count, ctx).await
 }
 
-impl<'a> IncrBy<'a> {
-    pub fn parse(args: &'a [&'a [u8]], ctx: &Context) -> Result<IncrBy<'a>, Reply> {
-        let tag = tag_of(args[1])?;
-        let count = parse_i64(args[2])?;
-        if count < 1 {
-            return Err(Reply::error("ERR increment must be positive"));
-        }
-        let max = ctx.config.server.max_incrby;
-        if count > max {
-            return Err(Reply::error(format!(
-                "ERR increment exceeds the maximum of {max}"
-            )));
-        }
-        Ok(IncrBy { tag, count })
-    }
-
-    pub async fn apply(self, ctx: &Arc<Context>) -> Reply {
-        match ctx.segments.next_ids(self.tag, self.count).await {
-            Ok(last) => Reply::Integer(last),
-            Err(e) => segment_error(&e),
-        }
+async fn next_ids(tag: &[u8], count: i64, ctx: &Arc<Context>) -> Reply {
+    let tag = match tag_text(tag) {
+        Ok(tag) => tag,
+        Err(reply) => return reply,
+    };
+    match ctx.segments.next_ids(tag, count).await {
+        Ok(last) => Reply::Integer(last),
+        Err(e) => segment_error(&e),
     }
 }

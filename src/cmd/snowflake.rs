@@ -4,13 +4,11 @@
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::{lossy, parse_i64};
+use super::key::Key;
+use super::{arg_error, lossy};
 use crate::context::Context;
 use crate::engine::snowflake::{SnowflakeEngine, SnowflakeError};
-use crate::protocol::Reply;
-
-/// The key that INCR and GET treat as "the next snowflake ID".
-pub const SNOWFLAKE_KEY: &[u8] = b"snowflake";
+use crate::protocol::{ArgCursor, Reply};
 
 fn engine(ctx: &Context) -> Result<&Arc<SnowflakeEngine>, Reply> {
     ctx.snowflake
@@ -52,15 +50,16 @@ pub fn next_at_once(ctx: &Context) -> Option<Reply> {
 
 /// `SNOWFLAKE [n]`: one integer, or an array of n strictly increasing IDs.
 pub async fn snowflake(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
-    let Some(count) = args.get(1) else {
+    let mut cursor = ArgCursor::new(args);
+    let Some(count) = cursor.optional() else {
         return next(ctx).await;
     };
-    if args.len() > 2 {
-        return super::wrong_arity("snowflake");
-    }
-    let n = match parse_i64(count) {
+    let parsed = cursor
+        .finish()
+        .and_then(|()| crate::protocol::parse_i64(count));
+    let n = match parsed {
         Ok(n) => n,
-        Err(reply) => return reply,
+        Err(e) => return arg_error("snowflake", e),
     };
     let max = ctx.config.snowflake.max_batch;
     if n < 1 || n as u64 > max as u64 {
@@ -78,36 +77,38 @@ pub async fn snowflake(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
 
 /// `INCRBY snowflake 1` (what some clients send for INCR). Snowflake IDs are not contiguous,
 /// so a block larger than one is refused.
-pub async fn incrby(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
-    match parse_i64(args[2]) {
-        Ok(1) => next(ctx).await,
-        Ok(_) => Reply::error("ERR INCRBY snowflake takes only 1: use SNOWFLAKE <n> for more IDs"),
-        Err(reply) => reply,
+pub async fn incrby(count: i64, ctx: &Arc<Context>) -> Reply {
+    match count {
+        1 => next(ctx).await,
+        _ => Reply::error("ERR INCRBY snowflake takes only 1: use SNOWFLAKE <n> for more IDs"),
     }
 }
 
 /// `GET snowflake`: the next ID as a bulk string, as GET always answers in Redis (and so that
 /// JavaScript clients, whose numbers hold 53 bits, get it exactly); any other key is not
 /// something leafd stores.
-pub async fn get(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
-    if args[1].eq_ignore_ascii_case(SNOWFLAKE_KEY) {
-        match next(ctx).await {
+pub async fn get(key: &[u8], ctx: &Arc<Context>) -> Reply {
+    match Key::of(key) {
+        Some(Key::Snowflake) => match next(ctx).await {
             Reply::Integer(id) => Reply::bulk(id.to_string()),
             other => other,
-        }
-    } else {
-        Reply::error(format!(
+        },
+        _ => Reply::error(format!(
             "ERR unsupported key '{}': GET only serves 'snowflake'",
-            lossy(args[1])
-        ))
+            lossy(key)
+        )),
     }
 }
 
 /// `LEAF.DECODE <id>`: timestamp, UTC time, worker id and sequence of a snowflake ID.
 pub fn decode(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
-    let id = match parse_i64(args[1]) {
+    let mut cursor = ArgCursor::new(args);
+    let id = match cursor
+        .next_i64()
+        .and_then(|id| cursor.finish().map(|()| id))
+    {
         Ok(id) => id,
-        Err(reply) => return reply,
+        Err(e) => return arg_error("leaf.decode", e),
     };
     let layout = ctx.snowflake_layout;
     let Some(fields) = layout.decode(id) else {
