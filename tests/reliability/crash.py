@@ -3,64 +3,41 @@ Across all cycles no ID may be handed out twice, and every ID after a restart mu
 than every ID before it. Loopback only, bounded by CYCLES.
 
 usage: crash.py LEAFD_BIN STORAGE_URL MODE [CYCLES] [CLIENTS]
-  MODE: segment (INCR segment:crash) or snowflake (SNOWFLAKE, static worker id)
+  MODE: segment (INCR segment:crash) or snowflake (SNOWFLAKE, the default database coordinator)
 """
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import leafd  # noqa: E402
+
 binary, storage_url, mode = os.path.abspath(sys.argv[1]), sys.argv[2], sys.argv[3]
 cycles = int(sys.argv[4]) if len(sys.argv) > 4 else 20
 clients = int(sys.argv[5]) if len(sys.argv) > 5 else 16
-command = b"*2\r\n$4\r\nINCR\r\n$13\r\nsegment:crash\r\n" if mode == "segment" else b"*1\r\n$9\r\nSNOWFLAKE\r\n"
+kind = leafd.INCR if mode == "segment" else leafd.SNOWFLAKE
 random.seed(int(os.environ.get("CRASH_SEED", time.time())))
+# No [storage] state_dir: leafd's default, next to the SQLite file (else ./data).
+CONFIG = {"storage": {"state_dir": None}}
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def batch():
+    return [(kind, 1)] * 10
 
 
-def start(port, workdir):
-    process = subprocess.Popen(
-        [binary, "--bind", f"127.0.0.1:{port}", "--http-bind", "127.0.0.1:0", "--storage-url", storage_url],
-        cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"*4\r\n$8\r\nLEAF.TAG\r\n$6\r\nCREATE\r\n$5\r\ncrash\r\n$3\r\n100\r\n")
-                reply = s.recv(100)
-                if reply.startswith(b"+OK") or b"already exists" in reply:
-                    return process
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    raise SystemExit(f"leafd did not start on port {port}")
-
-
-def client(port, out, stop):
+def start(workdir):
+    """A new port each cycle, the same directory; ready once the tag exists."""
+    node = leafd.Node(binary, workdir, "leafd", storage_url, config=CONFIG)
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            reader = s.makefile("rb")
-            while not stop.is_set():
-                s.sendall(command * 10)
-                for _ in range(10):
-                    line = reader.readline()
-                    if not line:
-                        return
-                    if not line.startswith(b":"):
-                        raise SystemExit(f"unexpected reply {line!r}")
-                    out.append(int(line[1:]))
-    except (OSError, ValueError):
-        return  # the server was killed mid-batch: replies received so far count
+        node.start().wait_ready(30)
+        node.create_tag("crash", 100)
+    except leafd.NodeError as e:
+        node.kill()
+        raise SystemExit(f"leafd did not start on port {node.port}\n{e}")
+    return node
 
 
 def main():
@@ -69,24 +46,27 @@ def main():
     highest = 0
     total = 0
     for cycle in range(cycles):
-        port = free_port()
-        process = start(port, workdir)
+        node = start(workdir)
         stop = threading.Event()
-        results = [[] for _ in range(clients)]
-        threads = [threading.Thread(target=client, args=(port, results[i], stop)) for i in range(clients)]
-        for t in threads:
-            t.start()
+        # 10 commands pipelined per batch; the replies read before the kill count.
+        loaders = [leafd.Loader(node, f"client-{i}", "crash", batch, stop, timeout=5) for i in range(clients)]
+        for loader in loaders:
+            loader.start()
         time.sleep(random.uniform(0.2, 1.0))
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        node.kill()
         stop.set()
-        for t in threads:
-            t.join(10)
+        for loader in loaders:
+            loader.join(10)
+        results = [list(l.singles if kind == leafd.INCR else l.snowflakes) for l in loaders]
         cycle_ids = [i for ids in results for i in ids]
         if not cycle_ids:
             raise SystemExit(f"cycle {cycle}: no IDs were served")
+        for loader in loaders:
+            if loader.errors or loader.unexpected:
+                got = list(loader.error_examples.values()) + loader.unexpected
+                raise SystemExit(f"cycle {cycle}: unexpected reply {got[0]!r}")
         for ids in results:
-            if ids != sorted(ids) or len(set(ids)) != len(ids):
+            if any(a >= b for a, b in zip(ids, ids[1:])):
                 raise SystemExit(f"cycle {cycle}: a client's IDs do not strictly increase")
         duplicates = all_ids.intersection(cycle_ids)
         if duplicates or len(set(cycle_ids)) != len(cycle_ids):

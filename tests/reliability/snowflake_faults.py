@@ -16,25 +16,17 @@ usage: snowflake_faults.py LEAFD_BIN ZOOKEEPER_CONNECT [CASE_GROUP...]
 """
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import leafd  # noqa: E402
+
 binary, zk_connect = os.path.abspath(sys.argv[1]), sys.argv[2]
-FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
-BATCH = b"*2\r\n$9\r\nSNOWFLAKE\r\n$3\r\n200\r\n"
 all_ids = {}  # id -> case that issued it
 random.seed(int(os.environ.get("FAULTS_SEED", time.time())))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timestamp_of(snowflake_id):
@@ -45,116 +37,43 @@ def worker_of(snowflake_id):
     return (snowflake_id >> 12) & 0x3FF
 
 
-class Node:
-    """One leafd process with its own config; `faketime` is a libfaketime FAKETIME value."""
-
-    def __init__(self, workdir, name, coordinator="static", advertise=None, cluster=None,
-                 faketime=None, extra="", storage=None):
-        self.workdir, self.name = workdir, name
-        self.port = free_port()
-        os.makedirs(f"{workdir}/{name}", exist_ok=True)
-        zk = ""
-        if coordinator == "zookeeper":
-            zk = f"""
-[snowflake.zookeeper]
-connect = "{zk_connect}"
-cluster = "{cluster}"
-session_timeout_ms = 2000
-report_interval_ms = 500
-lease_ms = 2000
-cache_file = "{workdir}/{name}/worker.json"
-{f'advertise = "{advertise}"' if advertise else ''}
-"""
-        with open(f"{workdir}/{name}/leafd.toml", "w") as f:
-            f.write(f"""
-[server]
-bind = "127.0.0.1:{self.port}"
-[http]
-enabled = false
-[storage]
-url = "{storage or f'sqlite://{workdir}/{name}/leafd.db'}"
-state_dir = "{workdir}/{name}"
-[snowflake]
-coordinator = "{coordinator}"
-fence_file = "{workdir}/{name}/fence.json"
-max_start_wait_ms = 10000
-{extra}
-{zk}""")
-        env = {**os.environ, "NO_COLOR": "1", "RUST_LOG": "info"}
-        if faketime:
-            env.update(LD_PRELOAD=FAKETIME_LIB, FAKETIME=faketime, FAKETIME_DONT_FAKE_MONOTONIC="1",
-                       FAKETIME_NO_CACHE="1")
-        self.log = open(f"{workdir}/{name}/leafd.log", "ab")
-        self.process = subprocess.Popen([binary, "--config", f"{workdir}/{name}/leafd.toml"],
-                                        cwd=f"{workdir}/{name}", stdout=self.log, stderr=subprocess.STDOUT,
-                                        env=env)
-
-    def wait_ready(self, seconds=30):
-        deadline = time.time() + seconds
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                return False
-            try:
-                # The listener may accept before the worker id is held: wait for a reply.
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    s.settimeout(max(0.1, deadline - time.time()))
-                    s.sendall(b"*1\r\n$4\r\nPING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return True
-            except OSError:
-                time.sleep(0.05)
-        raise SystemExit(f"{self.name}: did not start in {seconds} s")
-
-    def log_text(self):
-        with open(f"{self.workdir}/{self.name}/leafd.log", "rb") as f:
-            return f.read().decode(errors="replace")
-
-    def kill(self, sig=signal.SIGKILL):
-        self.process.send_signal(sig)
-        if sig in (signal.SIGKILL, signal.SIGTERM):
-            self.process.wait()
+def start_node(workdir, name, coordinator="static", advertise=None, cluster=None, faketime=None, extra=None,
+               storage=None):
+    """One leafd process with its own config (HTTP off), started; `faketime` is a libfaketime
+    FAKETIME value; `extra` more [snowflake] keys."""
+    config = {"http": {"enabled": False},
+              "snowflake": {"coordinator": coordinator, "fence_file": f"{workdir}/{name}/fence.json",
+                            "max_start_wait_ms": 10000, **(extra or {})}}
+    if coordinator == "zookeeper":
+        config["snowflake.zookeeper"] = {"connect": zk_connect, "cluster": cluster, "session_timeout_ms": 2000,
+                                         "report_interval_ms": 500, "lease_ms": 2000,
+                                         "cache_file": f"{workdir}/{name}/worker.json", "advertise": advertise}
+    node = leafd.Node(binary, workdir, name, storage or f"sqlite://{workdir}/{name}/leafd.db", config=config,
+                      http_bind=None, env=leafd.faketime_env(faketime) if faketime else None)
+    return node.start()
 
 
-class Loader(threading.Thread):
-    """Pipelined `SNOWFLAKE 200` x 5 on one connection until stopped or the server dies."""
+class Loader(leafd.Loader):
+    """Pipelined `SNOWFLAKE 200` x 5 on one connection until stopped; every error reply kept."""
 
     def __init__(self, node):
-        super().__init__(daemon=True)
-        self.node, self.ids, self.errors = node, [], []
-        self.stop = threading.Event()
-        self.after_mark = None  # index into ids when mark() was called
+        self.error_lines = []
+        # After a batch with errors, 0.05 s: 0.01 s per error reply of a batch of 5.
+        super().__init__(node, f"{node.name}-load", None, lambda: [(leafd.SNOWFLAKE, 200)] * 5,
+                         threading.Event(), timeout=30, pause_after_error=0.05,
+                         on_error=lambda reply: self.error_lines.append("-" + reply))
         self.errors_after_mark = 0
         self.start()
 
     def mark(self):
-        self.after_mark = len(self.ids)
-        self.errors_after_mark = len(self.errors)
-
-    def run(self):
-        try:
-            with socket.create_connection(("127.0.0.1", self.node.port), timeout=30) as s:
-                reader = s.makefile("rb")
-                while not self.stop.is_set():
-                    s.sendall(BATCH * 5)
-                    for _ in range(5):
-                        line = reader.readline()
-                        if not line:
-                            return
-                        if line.startswith(b"*"):
-                            for _ in range(int(line[1:])):
-                                self.ids.append(int(reader.readline()[1:]))
-                        elif line.startswith(b"-"):
-                            self.errors.append(line.decode().strip())
-                            time.sleep(0.01)
-                        else:
-                            raise SystemExit(f"unexpected reply {line!r}")
-        except (OSError, ValueError):
-            return
+        self.errors_after_mark = len(self.error_lines)
 
     def finish(self):
-        self.stop.set()
+        self.stop_event.set()
         self.join(40)
-        return self.ids
+        if self.unexpected:
+            raise SystemExit(f"{self.name}: unexpected reply {self.unexpected[0]}")
+        return list(self.snowflakes)
 
 
 def record(case, ids):
@@ -179,18 +98,25 @@ def load(node, seconds):
     return loader
 
 
+def stop(*nodes):
+    """SIGTERM to each in turn, waiting for it to exit."""
+    for node in nodes:
+        node.terminate()
+        node.wait()
+
+
 def static_cases(work):
     # Run 1 at the real time, killed under load.
     first_start = time.time()
-    node = Node(work, "static")
-    assert node.wait_ready()
+    node = start_node(work, "static")
+    node.wait_ready()
     loader = load(node, 2.0)
     node.kill()
     n = record("static-run-1", loader.finish())
 
     # Restart 1 s back: behind the fence by about 4 s, waited out, then serves.
-    node = Node(work, "static", faketime="-1")
-    assert node.wait_ready(), node.log_text()
+    node = start_node(work, "static", faketime="-1")
+    node.wait_ready()
     loader = load(node, 2.0)
     node.kill()
     ids = loader.finish()
@@ -201,9 +127,9 @@ def static_cases(work):
 
     # Restart at the wall-clock time the first run started.
     start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(first_start))
-    node = Node(work, "static", faketime=f"@{start}", extra="")
+    node = start_node(work, "static", faketime=f"@{start}")
     os.environ.pop("TZ", None)
-    ok = node.wait_ready()
+    ok = node.wait_ready(allow_exit=True)
     if ok:
         loader = load(node, 1.5)
         node.kill()
@@ -216,8 +142,8 @@ def static_cases(work):
         print("static-same-start: refused to start, naming the gap")
 
     # 60 s back: refused with one line naming the gap.
-    node = Node(work, "static", faketime="-60")
-    ready = node.wait_ready(20)
+    node = start_node(work, "static", faketime="-60")
+    ready = node.wait_ready(20, allow_exit=True)
     if ready:
         node.kill()
         raise SystemExit("static-back-60s: started with its clock 60 s behind its fence")
@@ -233,9 +159,9 @@ def zk_kill_cases(work):
     total = 0
     faketime = None
     for cycle in range(4):
-        node = Node(work, "zk", coordinator="zookeeper", advertise="10.99.0.1:6380", cluster=cluster,
-                    faketime=faketime)
-        assert node.wait_ready(40), node.log_text()[-2000:]
+        node = start_node(work, "zk", coordinator="zookeeper", advertise="10.99.0.1:6380", cluster=cluster,
+                          faketime=faketime)
+        node.wait_ready(40)
         # A random moment of the 500 ms report cycle, and of the 2 s lease.
         loader = load(node, random.uniform(0.7, 2.7))
         node.kill()
@@ -249,15 +175,14 @@ def zk_kill_cases(work):
 
 def zk_shared_identity(work):
     cluster = f"shared-{os.getpid()}-{random.randrange(1 << 30)}"
-    a = Node(work, "shared-a", coordinator="zookeeper", advertise="10.99.0.2:6380", cluster=cluster)
-    assert a.wait_ready(40), a.log_text()[-2000:]
-    b = Node(work, "shared-b", coordinator="zookeeper", advertise="10.99.0.2:6380", cluster=cluster)
-    assert b.wait_ready(40), b.log_text()[-2000:]
+    a = start_node(work, "shared-a", coordinator="zookeeper", advertise="10.99.0.2:6380", cluster=cluster)
+    a.wait_ready(40)
+    b = start_node(work, "shared-b", coordinator="zookeeper", advertise="10.99.0.2:6380", cluster=cluster)
+    b.wait_ready(40)
     la, lb = Loader(a), Loader(b)
     time.sleep(2.0)
     ia, ib = la.finish(), lb.finish()
-    a.kill(signal.SIGTERM)
-    b.kill(signal.SIGTERM)
+    stop(a, b)
     if not ia or not ib:
         raise SystemExit("zk-shared-identity: a node served nothing")
     wa, wb = {worker_of(i) for i in ia}, {worker_of(i) for i in ib}
@@ -269,33 +194,32 @@ def zk_shared_identity(work):
 
 def zk_sigstop(work):
     cluster = f"stop-{os.getpid()}-{random.randrange(1 << 30)}"
-    a = Node(work, "stop-a", coordinator="zookeeper", advertise="10.99.0.3:6380", cluster=cluster)
-    assert a.wait_ready(40), a.log_text()[-2000:]
+    a = start_node(work, "stop-a", coordinator="zookeeper", advertise="10.99.0.3:6380", cluster=cluster)
+    a.wait_ready(40)
     la = Loader(a)
     time.sleep(1.0)
-    a.kill(signal.SIGSTOP)
+    a.pause()
     stopped_ms = int(time.time() * 1000)
     la.mark()
     # Past the session timeout (2 s) and the lease (2 s): the id is free for a node with
     # the same identity, which starts past a's fence.
     time.sleep(4.5)
-    b = Node(work, "stop-b", coordinator="zookeeper", advertise="10.99.0.3:6380", cluster=cluster)
-    assert b.wait_ready(40), b.log_text()[-2000:]
+    b = start_node(work, "stop-b", coordinator="zookeeper", advertise="10.99.0.3:6380", cluster=cluster)
+    b.wait_ready(40)
     lb = Loader(b)
     time.sleep(1.0)
-    a.kill(signal.SIGCONT)
+    a.resume()
     time.sleep(2.5)
     ib = lb.finish()
     ia = la.finish()
-    b.kill(signal.SIGTERM)
-    a.kill(signal.SIGTERM)
+    stop(b, a)
     # Replies written before SIGSTOP may be read after it: judge by the IDs' own timestamps.
     resumed = [i for i in ia if timestamp_of(i) > stopped_ms + 100]
     if resumed:
         raise SystemExit(f"zk-sigstop: the resumed node issued {len(resumed)} IDs after SIGCONT")
     if not ib:
         raise SystemExit("zk-sigstop: the node that took over served nothing\n" + b.log_text()[-2000:])
-    errors = la.errors[la.errors_after_mark:]
+    errors = la.error_lines[la.errors_after_mark:]
     if not errors or not all(e.startswith("-UNAVAILABLE") for e in errors):
         raise SystemExit(f"zk-sigstop: the resumed node should answer UNAVAILABLE, got {errors[:3]}")
     same = {worker_of(i) for i in ia} & {worker_of(i) for i in ib}
@@ -304,7 +228,7 @@ def zk_sigstop(work):
           f"resumed node issued 0 and answered {len(errors)} x UNAVAILABLE, no repeat")
 
 
-DB_ONE_ID = "database_lease_ms = 2000\nworker_id_bits = 0\ntimestamp_bits = 51"
+DB_ONE_ID = {"database_lease_ms": 2000, "worker_id_bits": 0, "timestamp_bits": 51}
 
 
 def db_cases(work):
@@ -315,9 +239,9 @@ def db_cases(work):
     # takes another id, or its old one once expired).
     total, faketime = 0, None
     for cycle in range(3):
-        node = Node(work, "db", coordinator="database", storage=shared, faketime=faketime,
-                    extra="database_lease_ms = 2000")
-        assert node.wait_ready(40), node.log_text()[-2000:]
+        node = start_node(work, "db", coordinator="database", storage=shared, faketime=faketime,
+                          extra={"database_lease_ms": 2000})
+        node.wait_ready(40)
         loader = load(node, random.uniform(0.7, 2.0))
         node.kill()
         ids = loader.finish()
@@ -328,24 +252,14 @@ def db_cases(work):
     print(f"db-kill-back-1s: {total} IDs checked over 3 SIGKILL restarts with the clock 1 s back, no repeat")
 
     # Two nodes from one config (same state directory, same database), loaded at once.
-    a = Node(work, "db-twin", coordinator="database", storage=shared, extra="database_lease_ms = 2000")
-    assert a.wait_ready(40), a.log_text()[-2000:]
-    b_port = free_port()
-    with open(f"{work}/db-twin/leafd.toml") as f:
-        config = f.read().replace(f"127.0.0.1:{a.port}", f"127.0.0.1:{b_port}")
-    with open(f"{work}/db-twin/leafd-b.toml", "w") as f:
-        f.write(config)
-    b = Node.__new__(Node)
-    b.workdir, b.name, b.port = work, "db-twin", b_port
-    b.log = open(f"{work}/db-twin/leafd-b.log", "ab")
-    b.process = subprocess.Popen([binary, "--config", f"{work}/db-twin/leafd-b.toml"], cwd=f"{work}/db-twin",
-                                 stdout=b.log, stderr=subprocess.STDOUT)
-    assert b.wait_ready(40)
+    a = start_node(work, "db-twin", coordinator="database", storage=shared, extra={"database_lease_ms": 2000})
+    a.wait_ready(40)
+    b = a.twin("leafd-b").start()  # a's config file and directory, another port, log leafd-b.log
+    b.wait_ready(40)
     la, lb = Loader(a), Loader(b)
     time.sleep(1.5)
     ia, ib = la.finish(), lb.finish()
-    a.kill(signal.SIGTERM)
-    b.kill(signal.SIGTERM)
+    stop(a, b)
     wa, wb = {worker_of(i) for i in ia}, {worker_of(i) for i in ib}
     if not ia or not ib or wa & wb:
         raise SystemExit(f"db-one-config: worker ids {wa} and {wb}")
@@ -355,22 +269,21 @@ def db_cases(work):
     # One worker id only: SIGSTOP past the lease, another node takes the id, SIGCONT.
     one = f"sqlite://{work}/one-id/leafd.db"
     os.makedirs(f"{work}/one-id", exist_ok=True)
-    a = Node(work, "db-stop-a", coordinator="database", storage=one, extra=DB_ONE_ID)
-    assert a.wait_ready(40), a.log_text()[-2000:]
+    a = start_node(work, "db-stop-a", coordinator="database", storage=one, extra=DB_ONE_ID)
+    a.wait_ready(40)
     la = Loader(a)
     time.sleep(1.0)
-    a.kill(signal.SIGSTOP)
+    a.pause()
     stopped_ms = int(time.time() * 1000)
     time.sleep(3.0)  # the 2-s lease expires in the database
-    b = Node(work, "db-stop-b", coordinator="database", storage=one, extra=DB_ONE_ID)
-    assert b.wait_ready(40), b.log_text()[-2000:]
+    b = start_node(work, "db-stop-b", coordinator="database", storage=one, extra=DB_ONE_ID)
+    b.wait_ready(40)
     lb = Loader(b)
     time.sleep(1.0)
-    a.kill(signal.SIGCONT)
+    a.resume()
     time.sleep(2.0)
     ib, ia = lb.finish(), la.finish()
-    b.kill(signal.SIGTERM)
-    a.kill(signal.SIGTERM)
+    stop(b, a)
     # Worker id bits 0: the timestamp starts at bit 12.
     resumed = [i for i in ia if (i >> 12) + 1288834974657 > stopped_ms + 100]
     if resumed or not ib:
@@ -380,15 +293,18 @@ def db_cases(work):
 
 
 def main():
-    if not os.path.exists(FAKETIME_LIB):
-        raise SystemExit(f"{FAKETIME_LIB} missing (Debian: faketime)")
+    if not os.path.exists(leafd.FAKETIME_LIB):
+        raise SystemExit(f"{leafd.FAKETIME_LIB} missing (Debian: faketime)")
     work = tempfile.mkdtemp()
     started = time.time()
     only = sys.argv[3:]  # optional case groups: static zk-kill zk-shared zk-sigstop
     for name, case in [("static", static_cases), ("zk-kill", zk_kill_cases),
                        ("zk-shared", zk_shared_identity), ("zk-sigstop", zk_sigstop), ("db", db_cases)]:
         if not only or name in only:
-            case(work)
+            try:
+                case(work)
+            except leafd.NodeError as e:
+                raise SystemExit(str(e))
     print(f"snowflake faults: {len(all_ids)} IDs checked in all, none repeated, {time.time() - started:.0f} s")
 
 

@@ -10,14 +10,17 @@ tests or the machine's own servers.
 usage: soak.py LEAFD_BIN [DURATION=60]
   e.g. soak.py target/release/leafd 600
 """
+import itertools
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import leafd  # noqa: E402
 
 binary = os.path.abspath(sys.argv[1])
 duration = int(sys.argv[2]) if len(sys.argv) > 2 else 60
@@ -29,29 +32,12 @@ DB_PERIOD, DB_DOWN, DB_UP = 20, 5, 8
 ZK_PERIOD, ZK_DOWN, ZK_UP = 25, 13, 17
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port, seconds):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {seconds}s")
-
-
 class MariaDB:
     """A private mariadbd on 127.0.0.1 that can be stopped (SIGTERM) and started again."""
 
     def __init__(self, work):
         self.dir = f"{work}/mariadb"
-        self.port = free_port()
+        self.port = leafd.free_port()
         self.proc = None
         subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={self.dir}",
                         "--user=root", "--skip-test-db", "--auth-root-authentication-method=normal"],
@@ -64,7 +50,7 @@ class MariaDB:
              f"--pid-file={self.dir}/pid", "--skip-grant-tables", "--skip-log-bin",
              "--innodb-buffer-pool-size=32M", f"--log-error={self.dir}/error.log"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(self.port, 60)
+        leafd.wait_for_port(self.port, 60)
 
     def stop(self):
         self.proc.terminate()
@@ -118,64 +104,41 @@ def main():
 
 def run(work, db, zk):
     db.sql("CREATE DATABASE soak")
-    port = free_port()
-    with open(f"{work}/leafd.toml", "w") as f:
-        f.write(f"""
-[server]
-bind = "127.0.0.1:{port}"
-[http]
-bind = "127.0.0.1:{free_port()}"
-[storage]
-url = "mysql://root@127.0.0.1:{db.port}/soak"
-acquire_timeout_ms = 500
-[segment]
-load_timeout_ms = 500
-[[segment.tags]]
-tag = "soak"
-step = 200
-[snowflake]
-coordinator = "zookeeper"
-[snowflake.zookeeper]
-connect = "127.0.0.1:{zk.port}"
-cluster = "soak"
-cache_file = "{work}/worker.json"
-session_timeout_ms = 4000
-lease_ms = 20000
-""")
-    log = open(f"{work}/leafd.log", "w")
-    leafd = subprocess.Popen([binary, "--config", f"{work}/leafd.toml"], cwd=work,
-                             stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, "NO_COLOR": "1", "RUST_LOG": "info"})
-    wait_for_port(port, 30)
+    node = leafd.Node(binary, work, "leafd", f"mysql://root@127.0.0.1:{db.port}/soak", config={
+        "storage": {"acquire_timeout_ms": 500},
+        "segment": {"load_timeout_ms": 500},
+        "segment.tags": [{"tag": "soak", "step": 200}],
+        "snowflake": {"coordinator": "zookeeper"},
+        "snowflake.zookeeper": {"connect": f"127.0.0.1:{zk.port}", "cluster": "soak",
+                                "cache_file": f"{work}/worker.json", "session_timeout_ms": 4000,
+                                "lease_ms": 20000},
+    })
+    try:
+        node.start().wait_ready(30)
+    except leafd.NodeError as e:
+        raise SystemExit(str(e))
     stop = threading.Event()
-    ids, errors, unavailable, unavailable_kinds = [], [], [0], set()
+    errors, unavailable, unavailable_kinds = [], [0], set()
     lock = threading.Lock()
 
-    def client(n):
-        command = b"*2\r\n$4\r\nINCR\r\n$12\r\nsegment:soak\r\n" if n % 2 == 0 else b"*1\r\n$9\r\nSNOWFLAKE\r\n"
-        s = socket.create_connection(("127.0.0.1", port))
-        reader = s.makefile("rb")
-        got = []
-        while not stop.is_set():
-            s.sendall(command * 5)
-            for _ in range(5):
-                line = reader.readline()
-                if line.startswith(b":"):
-                    got.append(int(line[1:]))
-                elif line.startswith(b"-UNAVAILABLE"):
-                    with lock:
-                        unavailable[0] += 1
-                        unavailable_kinds.add(line.split(b":")[0].decode())
-                else:
-                    with lock:
-                        errors.append(line)
-            time.sleep(0.005)
+    def on_error(reply):
+        line = "-" + reply
         with lock:
-            ids.extend(got)
+            if line.startswith("-UNAVAILABLE"):
+                unavailable[0] += 1
+                unavailable_kinds.add(line.split(":")[0])
+            else:
+                errors.append(line)
 
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
+    def client(n):
+        """INCR segment:soak (n even) or SNOWFLAKE, 5 a batch, 5 ms apart, no reply timeout."""
+        kind = leafd.INCR if n % 2 == 0 else leafd.SNOWFLAKE
+        return leafd.Loader(node, f"client-{n}", "soak", lambda: [(kind, 1)] * 5, stop, timeout=None,
+                            pause=0.005, pause_after_error=0, on_error=on_error)
+
+    loaders = [client(n) for n in range(8)]
+    for loader in loaders:
+        loader.start()
     started = time.time()
     samples = []
     db_restarts = zk_restarts = 0
@@ -191,21 +154,25 @@ lease_ms = 20000
         elif second % ZK_PERIOD == ZK_UP and not zk_up:
             zk.start(); zk_up = True; zk_restarts += 1
         if second % 5 == 0 and (not samples or samples[-1][0] != second):
-            samples.append((second, rss_mb(leafd.pid)))
+            samples.append((second, rss_mb(node.process.pid)))
         time.sleep(0.2)
     if not db_up:
         db.start(); db_restarts += 1
     if not zk_up:
         zk.start(); zk_restarts += 1
     stop.set()
-    for t in threads:
-        t.join(30)
-    leafd.terminate()
-    code = leafd.wait(30)
+    for loader in loaders:
+        loader.join(30)
+    # A client still waiting for a reply, replies of another type, lost connections are errors too.
+    errors.extend(f"{loader.name} still waiting for a reply" for loader in loaders if loader.is_alive())
+    node.terminate()
+    code = node.wait(30)
 
-    log.close()
-    with open(f"{work}/leafd.log") as f:
-        events = [line.strip() for line in f if " WARN " in line or " ERROR " in line]
+    for loader in loaders:
+        errors.extend(loader.unexpected)
+        errors.extend(f"connection lost: {reason}" for reason in loader.drops)
+    ids = [i for loader in loaders for i in itertools.chain(loader.singles, loader.snowflakes)]
+    events = [line.strip() for line in node.log_text().splitlines() if " WARN " in line or " ERROR " in line]
     print("\n".join(line[:220] for line in events[:10]))
     after_warmup = [mb for second, mb in samples if second >= min(20, duration // 3)]
     peak, base = max(after_warmup), after_warmup[0]

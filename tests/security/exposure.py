@@ -8,37 +8,44 @@ usage: exposure.py LEAFD_BIN
        exposure.py --client http METHOD URL [BEARER] [BODY]
 """
 import http.client
+import itertools
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reliability"))
+import leafd  # noqa: E402
 
 
-def resp(*args):
-    out = b"*%d\r\n" % len(args)
-    for a in args:
-        a = a.encode() if isinstance(a, str) else a
-        out += b"$%d\r\n%s\r\n" % (len(a), a)
-    return out
+def first_line(reply):
+    """A reply as the first line the server sent for it, without CRLF: "+PONG", "-DENIED …",
+    ":1", "*2" (an array of two), "$5" (a bulk string of 5 bytes)."""
+    if isinstance(reply, leafd.ErrorReply):
+        return "-" + reply
+    if isinstance(reply, str):
+        return "+" + reply
+    if isinstance(reply, int):
+        return f":{reply}"
+    if isinstance(reply, bytes):
+        return f"${len(reply)}"
+    if isinstance(reply, list):
+        return f"*{len(reply)}"
+    return "$-1"  # a null bulk string (or null array)
 
 
 def resp_call(host, port, commands):
     """Sends each command (a list of words) in turn; returns the first line of each reply, or
     'CLOSED' once the server closed the connection."""
     replies = []
-    with socket.create_connection((host, port), timeout=5) as s:
-        reader = s.makefile("rb")
+    with leafd.RespConnection(port, host, timeout=5) as conn:
         for command in commands:
             try:
-                s.sendall(resp(*command))
-                line = reader.readline()
+                conn.send([command])
+                replies.append(first_line(conn.read_reply()))
             except OSError:
-                line = b""
-            replies.append(line.decode().rstrip("\r\n") if line else "CLOSED")
+                replies.append("CLOSED")
     return replies
 
 
@@ -69,6 +76,8 @@ if len(sys.argv) > 1 and sys.argv[1] == "--client":
 
 binary = os.path.abspath(sys.argv[1])
 script = os.path.abspath(__file__)
+work = tempfile.mkdtemp()  # a directory per node in it
+node_numbers = itertools.count(1)
 n = os.getpid() % 200 + 20
 ns = f"leafd-sec-{os.getpid()}"
 veth_host, veth_ns = f"lsh{os.getpid() % 100000}", f"lsn{os.getpid() % 100000}"
@@ -103,41 +112,25 @@ def teardown():
     subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def remote(*args):
     out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, script, "--client", *args],
                          check=True, capture_output=True, text=True, timeout=30).stdout
     return json.loads(out)
 
 
-class Node:
-    def __init__(self, extra_toml="", port_flag=None):
-        self.dir = tempfile.mkdtemp()
-        self.port, self.http = free_port(), free_port()
-        configured = self.port
-        extra_args = ()
-        if port_flag:  # --port replaces the configured port
-            configured, self.port, extra_args = 6380, port_flag, ("--port", str(port_flag))
-        with open(f"{self.dir}/leafd.toml", "w") as f:
-            f.write(f'[server]\nbind = "0.0.0.0:{configured}"\n{extra_toml}\n'
-                    f'[http]\nbind = "0.0.0.0:{self.http}"\n[storage]\nurl = "sqlite://{self.dir}/leafd.db"\n')
-        self.log = open(f"{self.dir}/leafd.log", "wb")
-        self.process = subprocess.Popen([binary, "--config", f"{self.dir}/leafd.toml", *extra_args],
-                                         stdout=self.log, stderr=subprocess.STDOUT)
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                socket.create_connection(("127.0.0.1", self.http), timeout=1).close()
-                return
-            except OSError as e:
-                self.last_error = e
-                time.sleep(0.05)
-        raise SystemExit(f"leafd did not start ({self.last_error}):\n" + open(f"{self.dir}/leafd.log").read())
+class Node(leafd.Node):
+    """leafd bound to every interface, RESP and HTTP, SQLite in its own directory; `config` is
+    merged into its leafd.toml. With port_flag, server.bind is 0.0.0.0:6380 in the file and
+    leafd runs with --port port_flag (which replaces the configured port)."""
+
+    def __init__(self, config=None, port_flag=None):
+        name = f"node-{next(node_numbers)}"
+        config = dict(config or {})
+        if port_flag:
+            config["server"] = {"bind": "0.0.0.0:6380", **config.get("server", {})}
+        super().__init__(binary, work, name, f"sqlite://{work}/{name}/leafd.db", config=config, host="0.0.0.0",
+                         port_flag=port_flag, http_bind=f"0.0.0.0:{leafd.free_port()}")
+        self.start().wait_ready(10)
 
     def local(self, *commands):
         return resp_call("127.0.0.1", self.port, [c.split(" ") for c in commands])
@@ -146,14 +139,12 @@ class Node:
         return remote("resp", here, str(self.port), *commands)
 
     def url(self, path, host="127.0.0.1"):
-        return f"{host}:{self.http}{path}"
+        return f"{host}:{self.http_port}{path}"
 
     def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(20)
-
-    def log_text(self):
-        return open(f"{self.dir}/leafd.log").read()
+        """SIGTERM; the process must exit within 20 s (subprocess.TimeoutExpired otherwise)."""
+        self.terminate()
+        self.wait(20)
 
 
 checks = 0
@@ -196,7 +187,7 @@ def main():
         node.stop()
 
         # 2. Protected mode off, no password: IDs for everyone, admin commands loopback only.
-        node = Node("protected_mode = false")
+        node = Node({"server": {"protected_mode": False}})
         expect("open: loopback admin", node.local("LEAF.TAG CREATE r 10"), ["+OK"])
         got = node.remote("LEAF.TAG CREATE x 10", "CONFIG GET port", "SHUTDOWN", "INCR segment:r", "SNOWFLAKE")
         expect("open: remote admin refused", got[:3], ["-" + ADMIN] * 3)
@@ -210,12 +201,12 @@ def main():
         node.stop()
 
         # 3. ...unless admin.allow_unauthenticated = true.
-        node = Node("protected_mode = false\n[admin]\nallow_unauthenticated = true")
+        node = Node({"server": {"protected_mode": False}, "admin": {"allow_unauthenticated": True}})
         expect("allowed: remote admin", node.remote("LEAF.TAG CREATE a 10", "INCR segment:a"), ["+OK", ":1"])
         node.stop()
 
         # 4. A password: remote clients AUTH and may then do everything the default user may.
-        node = Node('requirepass = "s3cret"')
+        node = Node({"server": {"requirepass": "s3cret"}})
         expect("password: remote", node.remote("PING", "AUTH s3cret", "LEAF.TAG CREATE p 10", "INCR segment:p"),
                ["-NOAUTH Authentication required.", "+OK", "+OK", ":1"])
         expect("password: remote HTTP without", remote("http", "GET", node.url("/api/segment/get/p", here)),
@@ -227,16 +218,18 @@ def main():
         # 5. SHUTDOWN from loopback: no reply, the connection closes, the process exits 0.
         node = Node()
         expect("SHUTDOWN", node.local("SHUTDOWN NOSAVE"), ["CLOSED"])
-        code = node.process.wait(20)
+        code = node.wait(20)
         expect("SHUTDOWN exit status", code, 0)
 
         # 6. --port, as redis-server: the configured host with that port.
-        port = free_port()
+        port = leafd.free_port()
         node = Node(port_flag=port)
         expect("--port", resp_call("127.0.0.1", port, [["PING"]]), ["+PONG"])
         starts("--port in the start-up line", node.log_text()[node.log_text().index("resp="):], f"resp=0.0.0.0:{port}")
         node.stop()
         print(f"exposure: {checks} checks passed (RESP and HTTP, loopback and another host {there})")
+    except leafd.NodeError as e:
+        raise SystemExit(f"leafd did not start: {e}")
     finally:
         teardown()
 
