@@ -8,6 +8,7 @@ mod memory;
 mod mysql;
 mod on_runtime;
 mod postgres;
+mod returning;
 mod sqlite;
 mod workers;
 
@@ -24,6 +25,10 @@ pub use mysql::MySqlStore;
 pub use on_runtime::OnRuntime;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+
+/// Every row of `leaf_alloc`, in the column order the dialects' row mappers read.
+const LIST_ROWS: &str =
+    "SELECT biz_tag, max_id, step, description FROM leaf_alloc ORDER BY biz_tag";
 
 /// One row of `leaf_alloc`.
 #[derive(Debug, Clone, PartialEq, Eq)]

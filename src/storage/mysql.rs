@@ -67,9 +67,7 @@ impl SegmentStore for MySqlStore {
     }
 
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
-        let rows = sqlx::query(&format!("{SELECT_ROW} ORDER BY biz_tag"))
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(super::LIST_ROWS).fetch_all(&self.pool).await?;
         Ok(rows.iter().map(row_to_alloc).collect::<Result<_, _>>()?)
     }
 

@@ -5,12 +5,11 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use sqlx::Row;
 
-use super::committed::{committed, pool_options};
-use super::{insert_error, not_allocated, LeafAlloc, SegmentStore, StoreError};
+use super::committed::pool_options;
+use super::{LeafAlloc, StoreError};
 use crate::config::StorageConfig;
 
 pub struct SqliteStore {
@@ -60,105 +59,19 @@ fn row_to_alloc(row: &sqlx::sqlite::SqliteRow) -> Result<LeafAlloc, sqlx::Error>
     })
 }
 
-#[async_trait]
-impl SegmentStore for SqliteStore {
-    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
-        committed(&self.pool, |mut tx| async move {
-            // The guard keeps `max_id + step` from overflowing (SQLite would store a REAL).
-            // fetch_all steps the statement to its end, where its changes are written.
-            let rows = sqlx::query(
-                "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?1, step), \
-                 update_time = CURRENT_TIMESTAMP \
-                 WHERE biz_tag = ?2 AND max_id <= 9223372036854775807 - COALESCE(?1, step) \
-                 RETURNING biz_tag, max_id, step, description",
-            )
-            .bind(step)
-            .bind(tag)
-            .fetch_all(&mut *tx)
-            .await?;
-            match rows.first() {
-                Some(row) => {
-                    let alloc = row_to_alloc(row)?;
-                    Ok((tx, alloc))
-                }
-                None => {
-                    let exists = sqlx::query("SELECT 1 FROM leaf_alloc WHERE biz_tag = ?1")
-                        .bind(tag)
-                        .fetch_all(&mut *tx)
-                        .await?;
-                    Err(not_allocated(!exists.is_empty(), tag))
-                }
-            }
-        })
-        .await
-    }
-
-    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT biz_tag, max_id, step, description FROM leaf_alloc ORDER BY biz_tag",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(row_to_alloc)
-            .collect::<Result<Vec<_>, _>>()?)
-    }
-
-    async fn create_tag(
-        &self,
-        tag: &str,
-        step: i64,
-        max_id: i64,
-        description: Option<&str>,
-    ) -> Result<(), StoreError> {
-        committed(&self.pool, |mut tx| async move {
-            sqlx::query(
-                "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?1, ?2, ?3, ?4)",
-            )
-            .bind(tag)
-            .bind(max_id)
-            .bind(step)
-            .bind(description)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| insert_error(e, tag))?;
-            Ok((tx, ()))
-        })
-        .await
-    }
-
-    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
-        committed(&self.pool, |mut tx| async move {
-            let done = sqlx::query(
-                "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2",
-            )
-            .bind(step)
-            .bind(tag)
-            .execute(&mut *tx)
-            .await?;
-            if done.rows_affected() == 0 {
-                return Err(StoreError::UnknownTag(tag.to_string()));
-            }
-            Ok((tx, ()))
-        })
-        .await
-    }
-
-    fn backend(&self) -> &'static str {
-        "sqlite"
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
-    }
-
-    fn worker_leases(
-        self: std::sync::Arc<Self>,
-    ) -> Option<std::sync::Arc<dyn super::WorkerLeaseStore>> {
-        Some(self)
-    }
-}
+// The guard in `allocate` keeps `max_id + step` from overflowing (SQLite would store a REAL).
+super::returning::returning_segment_store!(
+    SqliteStore,
+    backend: "sqlite",
+    row: row_to_alloc,
+    allocate: "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?1, step), \
+               update_time = CURRENT_TIMESTAMP \
+               WHERE biz_tag = ?2 AND max_id <= 9223372036854775807 - COALESCE(?1, step) \
+               RETURNING biz_tag, max_id, step, description",
+    exists: "SELECT 1 FROM leaf_alloc WHERE biz_tag = ?1",
+    insert: "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?1, ?2, ?3, ?4)",
+    set_step: "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2",
+);
 
 /// The database's clock in UNIX milliseconds.
 const DB_NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";

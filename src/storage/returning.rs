@@ -1,0 +1,112 @@
+//! The `SegmentStore` of a dialect with `UPDATE … RETURNING` (SQLite, PostgreSQL): the same
+//! statements and the same handling, differing only in the SQL text a dialect passes in.
+
+/// Implements [`super::SegmentStore`] for a store with a `pool` field. The SQL texts bind, in
+/// order: `allocate` the step (`Option<i64>`) then the tag, returning `biz_tag, max_id, step,
+/// description`; `exists` the tag; `insert` tag, max_id, step, description; `set_step` step then
+/// tag. `$row` maps a returned row to a [`super::LeafAlloc`].
+macro_rules! returning_segment_store {
+    (
+        $store:ty,
+        backend: $backend:literal,
+        row: $row:path,
+        allocate: $allocate:expr,
+        exists: $exists:expr,
+        insert: $insert:expr,
+        set_step: $set_step:expr $(,)?
+    ) => {
+        #[async_trait::async_trait]
+        impl $crate::storage::SegmentStore for $store {
+            async fn allocate(
+                &self,
+                tag: &str,
+                step: Option<i64>,
+            ) -> Result<$crate::storage::LeafAlloc, $crate::storage::StoreError> {
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    // fetch_all steps the statement to its end, where its changes are written.
+                    let rows = sqlx::query($allocate)
+                        .bind(step)
+                        .bind(tag)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    match rows.first() {
+                        Some(row) => {
+                            let alloc = $row(row)?;
+                            Ok((tx, alloc))
+                        }
+                        None => {
+                            let exists = sqlx::query($exists).bind(tag).fetch_all(&mut *tx).await?;
+                            Err($crate::storage::not_allocated(!exists.is_empty(), tag))
+                        }
+                    }
+                })
+                .await
+            }
+
+            async fn list(
+                &self,
+            ) -> Result<Vec<$crate::storage::LeafAlloc>, $crate::storage::StoreError> {
+                let rows = sqlx::query($crate::storage::LIST_ROWS)
+                    .fetch_all(&self.pool)
+                    .await?;
+                Ok(rows.iter().map($row).collect::<Result<Vec<_>, _>>()?)
+            }
+
+            async fn create_tag(
+                &self,
+                tag: &str,
+                step: i64,
+                max_id: i64,
+                description: Option<&str>,
+            ) -> Result<(), $crate::storage::StoreError> {
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    sqlx::query($insert)
+                        .bind(tag)
+                        .bind(max_id)
+                        .bind(step)
+                        .bind(description)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| $crate::storage::insert_error(e, tag))?;
+                    Ok((tx, ()))
+                })
+                .await
+            }
+
+            async fn set_step(
+                &self,
+                tag: &str,
+                step: i64,
+            ) -> Result<(), $crate::storage::StoreError> {
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    let done = sqlx::query($set_step)
+                        .bind(step)
+                        .bind(tag)
+                        .execute(&mut *tx)
+                        .await?;
+                    if done.rows_affected() == 0 {
+                        return Err($crate::storage::StoreError::UnknownTag(tag.to_string()));
+                    }
+                    Ok((tx, ()))
+                })
+                .await
+            }
+
+            fn backend(&self) -> &'static str {
+                $backend
+            }
+
+            async fn close(&self) {
+                self.pool.close().await;
+            }
+
+            fn worker_leases(
+                self: std::sync::Arc<Self>,
+            ) -> Option<std::sync::Arc<dyn $crate::storage::WorkerLeaseStore>> {
+                Some(self)
+            }
+        }
+    };
+}
+
+pub(crate) use returning_segment_store;
