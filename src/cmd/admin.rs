@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use super::{lossy, parse_i64, segment_error, wrong_arity};
+use super::{arg_error, lossy, parse_i64, segment_error, wrong_arity};
 use crate::context::Context;
 use crate::engine::segment::Segment;
-use crate::protocol::Reply;
+use crate::protocol::{ArgCursor, Reply};
 
 fn segment_reply(segment: Option<Segment>) -> Reply {
     match segment {
@@ -50,14 +50,32 @@ pub fn tags(ctx: &Arc<Context>) -> Reply {
 /// `LEAF.TAG SKIP <tag> <n>` (reply: the new max_id) and `LEAF.TAG SKIPALL <n>` (reply: a map
 /// of every tag to its new max_id).
 pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
-    let sub = &args[1];
-    if sub.eq_ignore_ascii_case(b"skipall") {
-        if args.len() != 3 {
-            return wrong_arity("leaf.tag|skipall");
+    let mut cursor = ArgCursor::new(args);
+    let given = match cursor.next_bytes() {
+        Ok(sub) => sub,
+        Err(e) => return arg_error("leaf.tag", e),
+    };
+    let sub = given.to_ascii_lowercase();
+    // Arguments after the subcommand: how many it takes.
+    let (name, counts) = match sub.as_slice() {
+        b"skipall" => ("leaf.tag|skipall", 1..=1),
+        b"create" => ("leaf.tag|create", 2..=3),
+        b"step" => ("leaf.tag|step", 2..=2),
+        b"skip" => ("leaf.tag|skip", 2..=2),
+        _ => {
+            return Reply::error(format!(
+                "ERR unknown subcommand '{}'. Try LEAF.TAG CREATE, STEP, SKIP or SKIPALL.",
+                lossy(given)
+            ))
         }
-        let n = match parse_i64(args[2]) {
+    };
+    if !counts.contains(&cursor.remaining()) {
+        return wrong_arity(name);
+    }
+    if sub == b"skipall" {
+        let n = match cursor.next_i64() {
             Ok(n) => n,
-            Err(reply) => return reply,
+            Err(e) => return arg_error(name, e),
         };
         return match ctx.segments.skip_all(n).await {
             Ok(moved) => Reply::Map(
@@ -69,46 +87,31 @@ pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
             Err(e) => segment_error(&e),
         };
     }
-    let Ok(tag) = std::str::from_utf8(args[2]) else {
+    let Ok(tag) = cursor.next_bytes().map(std::str::from_utf8) else {
+        return wrong_arity(name);
+    };
+    let Ok(tag) = tag else {
         return Reply::error("ERR tag may only contain printable ASCII characters without spaces");
     };
-    let result = if sub.eq_ignore_ascii_case(b"create") {
-        if !(4..=5).contains(&args.len()) {
-            return wrong_arity("leaf.tag|create");
+    let (number, start) = match (cursor.next_i64(), cursor.optional().map(parse_i64)) {
+        (Ok(n), None) => (n, None),
+        (Ok(n), Some(Ok(start))) => (n, Some(start)),
+        (Err(e), _) => return arg_error(name, e),
+        (_, Some(Err(reply))) => return reply,
+    };
+    let result = match sub.as_slice() {
+        b"create" => {
+            ctx.segments
+                .create_tag(tag, number, start.unwrap_or(1), None)
+                .await
         }
-        let step = match parse_i64(args[3]) {
-            Ok(step) => step,
-            Err(reply) => return reply,
-        };
-        let start = match args.get(4).map(|a| parse_i64(a)).transpose() {
-            Ok(start) => start.unwrap_or(1),
-            Err(reply) => return reply,
-        };
-        ctx.segments.create_tag(tag, step, start, None).await
-    } else if sub.eq_ignore_ascii_case(b"step") {
-        if args.len() != 4 {
-            return wrong_arity("leaf.tag|step");
-        }
-        match parse_i64(args[3]) {
-            Ok(step) => ctx.segments.set_step(tag, step).await,
-            Err(reply) => return reply,
-        }
-    } else if sub.eq_ignore_ascii_case(b"skip") {
-        if args.len() != 4 {
-            return wrong_arity("leaf.tag|skip");
-        }
-        return match parse_i64(args[3]) {
-            Ok(n) => match ctx.segments.skip(tag, n).await {
+        b"step" => ctx.segments.set_step(tag, number).await,
+        _ => {
+            return match ctx.segments.skip(tag, number).await {
                 Ok(max_id) => Reply::Integer(max_id),
                 Err(e) => segment_error(&e),
-            },
-            Err(reply) => reply,
-        };
-    } else {
-        return Reply::error(format!(
-            "ERR unknown subcommand '{}'. Try LEAF.TAG CREATE, STEP, SKIP or SKIPALL.",
-            lossy(sub)
-        ));
+            }
+        }
     };
     match result {
         Ok(()) => Reply::ok(),

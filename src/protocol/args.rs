@@ -26,6 +26,12 @@ impl<'a> ArgCursor<'a> {
         }
     }
 
+    /// How many arguments are left: a command whose shape depends on a subcommand checks its
+    /// count before parsing, so a wrong count is reported as such, not as a bad value.
+    pub fn remaining(&self) -> usize {
+        self.rest.len()
+    }
+
     /// The next argument, if there is one.
     pub fn optional(&mut self) -> Option<&'a [u8]> {
         let (first, rest) = self.rest.split_first()?;
