@@ -115,7 +115,7 @@ fn dashboard_queries_only_metrics_leafd_defines() {
     let dashboard: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string("grafana/dashboards/leafd.json").unwrap())
             .unwrap();
-    let source = std::fs::read_to_string("src/metrics.rs").unwrap();
+    let source = std::fs::read_to_string("src/metrics/names.rs").unwrap();
     let panels = dashboard["panels"].as_array().unwrap();
     assert!(panels.len() >= 12);
     for panel in panels {
@@ -134,7 +134,7 @@ fn dashboard_queries_only_metrics_leafd_defines() {
                     .trim_end_matches("_count");
                 assert!(
                     source.contains(&format!("\"{base}\"")),
-                    "{metric} in {expr} is not defined in src/metrics.rs"
+                    "{metric} in {expr} is not defined in src/metrics/names.rs"
                 );
             }
         }
@@ -144,7 +144,7 @@ fn dashboard_queries_only_metrics_leafd_defines() {
 #[test]
 fn alert_rules_use_only_metrics_leafd_defines_and_are_loaded() {
     let rules = load_yaml("docker/alerts.yml");
-    let source = std::fs::read_to_string("src/metrics.rs").unwrap();
+    let source = std::fs::read_to_string("src/metrics/names.rs").unwrap();
     let mut alerts = 0;
     for group in rules["groups"].as_vec().unwrap() {
         for rule in group["rules"].as_vec().unwrap() {
@@ -156,7 +156,7 @@ fn alert_rules_use_only_metrics_leafd_defines_and_are_loaded() {
             {
                 assert!(
                     source.contains(&format!("\"{metric}\"")),
-                    "{metric} in {expr} is not defined in src/metrics.rs"
+                    "{metric} in {expr} is not defined in src/metrics/names.rs"
                 );
             }
         }
