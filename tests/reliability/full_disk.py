@@ -27,6 +27,7 @@ usage: full_disk.py LEAFD_BIN [--mysql mysql://root@127.0.0.1:3306]
 Seed: FULL_DISK_SEED (printed).
 """
 import argparse
+import collections
 import contextlib
 import errno
 import os
@@ -431,6 +432,24 @@ def check(label, run, max_id, failures, extra="", require_recent=None):
     return failures
 
 
+def truncate_wal(path):
+    """Checkpoints the SQLite database and truncates its write-ahead log to nothing, so the
+    commits that follow must grow the file: once the disk is full they fail. (A log that has
+    reached its checkpoint size is rewritten in place, and a full disk would never be felt.)"""
+    with contextlib.closing(sqlite3.connect(path, timeout=10)) as db:
+        busy, _, _ = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    if busy:
+        raise RuntimeError(f"could not truncate the write-ahead log of {path}")
+
+
+def fault_seen(run):
+    """A scenario whose full disk failed no write tested nothing: that is a failure too."""
+    errors = sum((l.errors for l in run.loaders), collections.Counter())
+    if errors["UNAVAILABLE"] == 0:
+        return ["the full disk failed no write (no UNAVAILABLE reply): the fault was not exercised"]
+    return []
+
+
 def start_nodes(nodes):
     """One after the other (the first migrates the database), then the tag."""
     for node in nodes:
@@ -440,12 +459,14 @@ def start_nodes(nodes):
         node.create_tag(TAG, STEP)
 
 
-def run_with_full_disk(nodes, mountpoint, rng):
+def run_with_full_disk(nodes, mountpoint, rng, before_fill=None):
     run = Run(nodes, rng)
     filler = DiskFiller(mountpoint)
     try:
         with run:
             time.sleep(BEFORE_FILL)
+            if before_fill is not None:
+                before_fill()
             before = free_bytes(mountpoint)
             run.full_from = time.monotonic()
             filler.fill()
@@ -472,7 +493,7 @@ def scenario_state_dir(binary, work, rng):
         start_nodes(nodes)
         run = run_with_full_disk(nodes, state, rng)
         leafd.stop_all(nodes)
-        return check("state-dir", run, sqlite_max_id(f"{work}/db/leafd.db", TAG), [])
+        return check("state-dir", run, sqlite_max_id(f"{work}/db/leafd.db", TAG), fault_seen(run))
     finally:
         for n in nodes:
             n.kill()
@@ -489,9 +510,10 @@ def scenario_shared_sqlite(binary, work, rng):
             nodes.append(leafd.Node(binary, work, name, url, state_dir=os.path.join(work, name, "state"),
                                     config=NODE_CONFIG))
         start_nodes(nodes)
-        run = run_with_full_disk(nodes, mnt, rng)
+        db = f"{mnt}/leafd.db"
+        run = run_with_full_disk(nodes, mnt, rng, before_fill=lambda: truncate_wal(db))
         leafd.stop_all(nodes)
-        return check("shared-sqlite", run, sqlite_max_id(f"{mnt}/leafd.db", TAG), [])
+        return check("shared-sqlite", run, sqlite_max_id(db, TAG), fault_seen(run))
     finally:
         for n in nodes:
             n.kill()
