@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{arg_error, lossy, parse_i64, segment_error, wrong_arity};
+use super::{arg_error, lossy, segment_error, wrong_arity};
 use crate::context::Context;
 use crate::engine::segment::Segment;
 use crate::protocol::{ArgCursor, Reply};
@@ -87,17 +87,17 @@ pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
             Err(e) => segment_error(&e),
         };
     }
-    let Ok(tag) = cursor.next_bytes().map(std::str::from_utf8) else {
-        return wrong_arity(name);
-    };
-    let Ok(tag) = tag else {
+    // The count was checked: the tag and the number are there.
+    let Ok(tag) = std::str::from_utf8(cursor.optional().unwrap_or_default()) else {
         return Reply::error("ERR tag may only contain printable ASCII characters without spaces");
     };
-    let (number, start) = match (cursor.next_i64(), cursor.optional().map(parse_i64)) {
-        (Ok(n), None) => (n, None),
-        (Ok(n), Some(Ok(start))) => (n, Some(start)),
-        (Err(e), _) => return arg_error(name, e),
-        (_, Some(Err(reply))) => return reply,
+    let numbers = cursor.next_i64().and_then(|number| {
+        let start = cursor.optional().map(crate::protocol::parse_i64);
+        Ok((number, start.transpose()?))
+    });
+    let (number, start) = match numbers {
+        Ok(numbers) => numbers,
+        Err(e) => return arg_error(name, e),
     };
     let result = match sub.as_slice() {
         b"create" => {

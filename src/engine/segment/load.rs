@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{step, store_reason};
+use super::step;
 use super::{LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer};
 use crate::storage::{LeafAlloc, StoreError};
 
@@ -48,15 +48,7 @@ impl SegmentEngine {
                     Err(self.failure_error(&buffer.name, failure))
                 }
             },
-            Ok(Err(StoreError::UnknownTag(t))) => {
-                self.forget_tag(&t);
-                Err(SegmentError::UnknownTag(t))
-            }
-            Ok(Err(StoreError::Exhausted(t))) => Err(SegmentError::Exhausted(t)),
-            Ok(Err(e)) => Err(SegmentError::Unavailable {
-                tag: buffer.name.to_string(),
-                reason: store_reason(&e),
-            }),
+            Ok(Err(e)) => Err(self.failure_error(&buffer.name, LoadFailure::from_store(&e))),
             Err(_) => Err(SegmentError::Unavailable {
                 tag: buffer.name.to_string(),
                 reason: "database unreachable: it did not answer in time".into(),
