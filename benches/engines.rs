@@ -34,6 +34,7 @@ fn segment_engine(rt: &tokio::runtime::Runtime, metrics: Arc<Metrics>) -> Arc<Se
         max_step: 1_000_000,
         load_timeout: Duration::from_secs(1),
         max_tags: 1000,
+        failover_margin: 0,
     };
     let engine = SegmentEngine::new(
         Arc::new(MemoryStore::new()),

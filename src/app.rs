@@ -93,6 +93,7 @@ fn segment_settings(c: &SegmentConfig) -> SegmentSettings {
         max_step: c.max_step,
         load_timeout: Duration::from_millis(c.load_timeout_ms),
         max_tags: c.max_tags,
+        failover_margin: c.failover_margin,
     }
 }
 

@@ -96,6 +96,8 @@ impl Context {
                 .absolute(t.loads_failed);
             m.counter(SEGMENT_ROLLBACKS_TOTAL, &[("tag", tag)])
                 .absolute(t.rollbacks);
+            m.counter(SEGMENT_FAILOVER_SKIPS_TOTAL, &[("tag", tag)])
+                .absolute(t.failover_skips);
             m.gauge(SEGMENT_STEP, &[("tag", tag)]).set(t.step as f64);
             for (buffer, segment) in [("current", t.current), ("next", t.next)] {
                 let remaining = segment.map_or(0, |s| s.remaining().max(0));

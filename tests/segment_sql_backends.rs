@@ -224,13 +224,7 @@ async fn a_database_gone_back_is_refused_until_skipped(url: &str) {
 
     // "Restore the backup": the row as it was right after CREATE.
     let restore = format!("UPDATE leaf_alloc SET max_id = 0 WHERE biz_tag = '{tag}'");
-    if url.starts_with("mysql") {
-        let mut db = sqlx::MySqlConnection::connect(url).await.unwrap();
-        sqlx::query(&restore).execute(&mut db).await.unwrap();
-    } else {
-        let mut db = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query(&restore).execute(&mut db).await.unwrap();
-    }
+    Backend::of(url).execute(url, &restore).await;
 
     let server = TestServer::start(config).await;
     let mut raw = server.raw().await;
@@ -277,6 +271,129 @@ async fn a_database_gone_back_is_refused_until_skipped(url: &str) {
         "{next} must be above every ID served before ({highest})"
     );
     server.stop().await;
+}
+
+/// The writer a row records, whatever its dialect.
+async fn writer_of(url: &str, tag: &str) -> String {
+    let sql = format!("SELECT writer FROM leaf_alloc WHERE biz_tag = '{tag}'");
+    if url.starts_with("mysql") {
+        let mut db = sqlx::MySqlConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(&sql).fetch_one(&mut db).await.unwrap()
+    } else {
+        let mut db = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(&sql).fetch_one(&mut db).await.unwrap()
+    }
+}
+
+/// A lossy failover, as the nodes see it: the database now answering lost the tag's last
+/// allocations and is another instance than the one that made them. Two nodes served from the
+/// lost ranges; after the "failover" each one's first allocation skips `failover_margin` IDs, so
+/// neither repeats an ID nor refuses the range as a rollback; and the skip is counted. With the
+/// margin at 0 the node that had loaded the lost range refuses it (ROLLBACK), the other one
+/// would serve it again: the margin is what keeps the cluster unique.
+async fn a_failover_skips_the_margin(url: &str) {
+    let states = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let node_config = |state: &tempfile::TempDir, margin: i64| {
+        let mut config = config_for(url);
+        config.storage.state_dir = state.path().display().to_string();
+        config.segment.adaptive_step = false;
+        config.segment.failover_margin = margin;
+        config
+    };
+    let tag = unique_tag("failover");
+    let open_tag = unique_tag("nomargin");
+    let mut served = HashSet::new();
+    let instance = {
+        let a = TestServer::start(node_config(&states[0], 100_000)).await;
+        let b = TestServer::start(node_config(&states[1], 100_000)).await;
+        create_tag(&a, &tag, 100, None).await;
+        create_tag(&a, &open_tag, 100, None).await;
+        let mut raw_a = a.raw().await;
+        let mut raw_b = b.raw().await;
+        for _ in 0..150 {
+            for (raw, t) in [(0, &tag), (1, &tag), (0, &open_tag)] {
+                let raw = if raw == 0 { &mut raw_a } else { &mut raw_b };
+                let reply = incr(raw, t).await;
+                let id: i64 = reply[1..].trim().parse().unwrap();
+                assert!(served.insert((t.clone(), id)), "{t} {id}");
+            }
+        }
+        let writer = writer_of(url, &tag).await;
+        let expected = if url.starts_with("mysql") {
+            "mysql:server_id:"
+        } else {
+            "postgres:"
+        };
+        assert!(
+            writer.starts_with(expected),
+            "the row names its writer: {writer}"
+        );
+        a.stop().await;
+        b.stop().await;
+        writer
+    };
+    // The "new primary": the rows as they were after the first allocation, marked by another
+    // instance.
+    Backend::of(url)
+        .execute(
+            url,
+            &format!(
+                "UPDATE leaf_alloc SET max_id = 100, writer = 'the old primary' \
+             WHERE biz_tag IN ('{tag}', '{open_tag}')"
+            ),
+        )
+        .await;
+
+    let a = TestServer::start(node_config(&states[0], 100_000)).await;
+    let b = TestServer::start(node_config(&states[1], 100_000)).await;
+    let mut raw_a = a.raw().await;
+    let mut raw_b = b.raw().await;
+    let first_a = incr(&mut raw_a, &tag).await;
+    let first_b = incr(&mut raw_b, &tag).await;
+    // One of them skipped past 100 + 100,000; the other loaded the range after it.
+    let mut firsts: Vec<i64> = [&first_a, &first_b]
+        .iter()
+        .map(|r| r[1..].trim().parse().unwrap_or_else(|_| panic!("{r}")))
+        .collect();
+    firsts.sort();
+    assert_eq!(firsts, vec![100_101, 100_201], "{first_a} {first_b}");
+    for _ in 0..300 {
+        for raw in [&mut raw_a, &mut raw_b] {
+            let reply = incr(raw, &tag).await;
+            let id: i64 = reply[1..]
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{reply}"));
+            assert!(served.insert((tag.clone(), id)), "repeated {id}");
+        }
+    }
+    assert_eq!(
+        writer_of(url, &tag).await,
+        instance,
+        "the row names the instance answering now"
+    );
+    let metrics = reqwest::get(a.http_url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let skips = format!("leafd_segment_failover_skips_total{{tag=\"{tag}\"}} ");
+    assert!(metrics.contains(&skips), "{metrics}");
+    a.stop().await;
+    b.stop().await;
+
+    // Without a margin: the node that served up to 300 refuses the range from 101.
+    let a = TestServer::start(node_config(&states[0], 0)).await;
+    let mut raw_a = a.raw().await;
+    let refused = incr(&mut raw_a, &open_tag).await;
+    assert!(
+        refused.starts_with(&format!(
+            "-ROLLBACK tag '{open_tag}': the database returned IDs from 101"
+        )),
+        "{refused}"
+    );
+    a.stop().await;
 }
 
 /// PostgreSQL: a deferred constraint trigger makes the COMMIT fail after `UPDATE … RETURNING`
@@ -408,6 +525,17 @@ macro_rules! backend_tests {
                 let server = TestServer::start(config_for(&url)).await;
                 scenarios::the_end_of_the_id_space_is_refused_and_the_row_kept(&server).await;
                 server.stop().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_failover_skips_the_margin() {
+                let Some(url) = $backend
+                    .fresh_database(concat!(stringify!($module), "::a_failover_skips"))
+                    .await
+                else {
+                    return;
+                };
+                super::a_failover_skips_the_margin(&url).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -308,3 +308,71 @@ async fn postgres_outages_shorter_and_longer_than_half_the_lease() {
     };
     outages_shorter_and_longer_than_half_the_lease(&url).await;
 }
+
+/// A failover of the database behind the lease table, as a claimant sees it: the instance that
+/// answered the last claim is not the one answering now. Renewals (even the claim) of a holder
+/// may be lost, and that holder issues until half a lease past its last renewal, so a node
+/// claiming within a lease of the switch waits a whole lease before its first ID; one started
+/// with no switch, or a lease after it, does not.
+async fn a_claim_after_a_failover_waits_a_lease(url: &str, backend: Backend) {
+    let lease_ms = 3000;
+    let states: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let started = std::time::Instant::now();
+    let first = App::open(node_config(url, &states[0], lease_ms))
+        .await
+        .expect("starts");
+    assert!(
+        started.elapsed() < Duration::from_millis(lease_ms / 2),
+        "no failover seen: no wait ({:?})",
+        started.elapsed()
+    );
+    first.close().await;
+    let switch = "UPDATE leaf_worker SET owner = 'instance the old primary' WHERE worker_id = -1";
+    backend.execute(url, switch).await;
+    // The first claim after the switch, and (not shown) any other within a lease of it, waits.
+    let started = std::time::Instant::now();
+    let app = App::open(node_config(url, &states[1], lease_ms))
+        .await
+        .expect("starts");
+    app.snowflake.as_ref().unwrap().next_ids(1).await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(lease_ms - 100),
+        "within a lease of the switch a claimant waits a lease ({:?})",
+        started.elapsed()
+    );
+    // A lease after the switch every holder whose renewals were lost has stopped: no wait.
+    let started = std::time::Instant::now();
+    let later = App::open(node_config(url, &states[2], lease_ms))
+        .await
+        .expect("starts");
+    later.snowflake.as_ref().unwrap().next_ids(1).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(lease_ms / 2),
+        "a lease after the switch: no wait ({:?})",
+        started.elapsed()
+    );
+    app.close().await;
+    later.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_claim_after_a_failover_waits_a_lease() {
+    let Some(url) = Backend::MySql
+        .fresh_database("mysql_claim_after_failover")
+        .await
+    else {
+        return;
+    };
+    a_claim_after_a_failover_waits_a_lease(&url, Backend::MySql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_claim_after_a_failover_waits_a_lease() {
+    let Some(url) = Backend::Postgres
+        .fresh_database("postgres_claim_after_failover")
+        .await
+    else {
+        return;
+    };
+    a_claim_after_a_failover_waits_a_lease(&url, Backend::Postgres).await;
+}

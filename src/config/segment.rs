@@ -16,6 +16,9 @@ pub struct SegmentConfig {
     pub load_timeout_ms: u64,
     /// Most tags `LEAF.TAG CREATE` (and the HTTP endpoint) may bring the table to.
     pub max_tags: usize,
+    /// IDs an allocation skips when the tag's previous allocation was made by another
+    /// database instance (a failover or restore may have lost allocations up to this many IDs).
+    pub failover_margin: i64,
     /// Tags created at start when absent (`[[segment.tags]]`).
     pub tags: Vec<TagSeed>,
 }
@@ -28,6 +31,7 @@ impl Default for SegmentConfig {
             max_step: 1_000_000,
             load_timeout_ms: 1000,
             max_tags: 10_000,
+            failover_margin: 10_000_000,
             tags: Vec::new(),
         }
     }
@@ -58,6 +62,9 @@ impl SegmentConfig {
         }
         if self.refresh_interval_secs == 0 || self.load_timeout_ms == 0 {
             return Err("segment.refresh_interval_secs and load_timeout_ms must be > 0".into());
+        }
+        if self.failover_margin < 0 {
+            return Err("segment.failover_margin must be 0 or more IDs".into());
         }
         for seed in &self.tags {
             if !(1..=self.max_step).contains(&seed.step) {

@@ -94,6 +94,14 @@ impl Coordinator for DatabaseCoordinator {
     async fn acquire(&self, limit: Arc<IssueLimit>) -> Result<Box<dyn HeldWorker>, CoordError> {
         let owner = format!("{}#{:016x}", self.endpoint, fastrand::u64(..));
         let lease = self.lease_ms as i64;
+        // Within a lease of a failover the table may have lost the last renewals or the very
+        // claim of a holder that still issues: it stops by itself within half a lease plus a
+        // renewal interval of the failover, so a claimant then waits a whole lease.
+        let after_failover = self
+            .store
+            .instance_changed_within(lease)
+            .await
+            .map_err(db)?;
         let mut granted = None;
         // A few rounds: every candidate may be taken by other nodes between the read and the
         // claim (nodes starting at once).
@@ -118,6 +126,17 @@ impl Coordinator for DatabaseCoordinator {
                 "all {} ids of leaf_worker are leased by live nodes",
                 self.max_worker_id + 1
             )));
+        };
+        let floor_ms = if after_failover {
+            let floor = floor_ms.max(self.clock.now_millis() + self.lease_ms);
+            tracing::warn!(
+                worker_id,
+                wait_ms = self.lease_ms,
+                "the database instance changed within the last lease (failover or restore): waiting a whole lease before issuing, in case a holder whose renewals were lost still issues"
+            );
+            floor
+        } else {
+            floor_ms
         };
         // The first fence is in the row before any ID can be issued.
         let fence = self.fence_after_renewal();

@@ -13,6 +13,7 @@ pub const SEGMENT_PRELOAD_THRESHOLD_IDS: &str = "leafd_segment_preload_threshold
 pub const SEGMENT_STEP: &str = "leafd_segment_step";
 pub const SEGMENT_REQUEST_WAITS_TOTAL: &str = "leafd_segment_request_waits_total";
 pub const SEGMENT_ROLLBACKS_TOTAL: &str = "leafd_segment_rollbacks_total";
+pub const SEGMENT_FAILOVER_SKIPS_TOTAL: &str = "leafd_segment_failover_skips_total";
 pub const SNOWFLAKE_FENCE_AHEAD_SECONDS: &str = "leafd_snowflake_fence_ahead_seconds";
 pub const SNOWFLAKE_LEASE_REMAINING_SECONDS: &str = "leafd_snowflake_lease_remaining_seconds";
 pub const SNOWFLAKE_LEASE_FAILURES_TOTAL: &str = "leafd_snowflake_lease_failures_total";
@@ -54,6 +55,10 @@ pub(super) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         SEGMENT_ROLLBACKS_TOTAL,
         "Segment loads refused because the database returned IDs below this node's high-water mark (restored backup, lossy failover), by tag.",
+    ),
+    (
+        SEGMENT_FAILOVER_SKIPS_TOTAL,
+        "Segment allocations that skipped segment.failover_margin IDs because the tag's previous allocation was made by another database instance (failover, restore), by tag.",
     ),
     (
         SNOWFLAKE_FENCE_AHEAD_SECONDS,

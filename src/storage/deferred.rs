@@ -45,8 +45,13 @@ impl DeferredStore {
 
 #[async_trait]
 impl SegmentStore for DeferredStore {
-    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
-        self.store()?.allocate(tag, step).await
+    async fn allocate(
+        &self,
+        tag: &str,
+        step: Option<i64>,
+        failover_margin: i64,
+    ) -> Result<LeafAlloc, StoreError> {
+        self.store()?.allocate(tag, step, failover_margin).await
     }
 
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {

@@ -35,7 +35,12 @@ impl MemoryStore {
 
 #[async_trait]
 impl SegmentStore for MemoryStore {
-    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+    async fn allocate(
+        &self,
+        tag: &str,
+        step: Option<i64>,
+        _failover_margin: i64,
+    ) -> Result<LeafAlloc, StoreError> {
         let mut rows = self.rows();
         let row = rows
             .get_mut(tag)
@@ -69,6 +74,7 @@ impl SegmentStore for MemoryStore {
                 max_id,
                 step,
                 description: description.map(str::to_string),
+                failover: None,
             },
         );
         Ok(())

@@ -3,6 +3,8 @@
 
 pub(crate) mod committed;
 mod deferred;
+pub(crate) mod failover;
+mod locked;
 mod marks;
 mod memory;
 mod mysql;
@@ -19,6 +21,7 @@ use async_trait::async_trait;
 use crate::config::StorageConfig;
 
 pub use deferred::DeferredStore;
+pub use failover::FailoverSkip;
 pub use marks::SegmentMarks;
 pub use memory::MemoryStore;
 pub use mysql::MySqlStore;
@@ -39,6 +42,9 @@ pub struct LeafAlloc {
     /// The step stored in the table (the minimum of the adaptive step).
     pub step: i64,
     pub description: Option<String>,
+    /// Set by an allocation that found the row last written by another database instance
+    /// (a failover or restore): the IDs it left unused before the granted range.
+    pub failover: Option<FailoverSkip>,
 }
 
 /// Errors of a storage call.
@@ -81,11 +87,7 @@ impl StoreError {
                 | sqlx::Error::WorkerCrashed
                 | sqlx::Error::Tls(_)
                 | sqlx::Error::Protocol(_) => true,
-                // SQLSTATE 08 (connection exception) and 57 (operator intervention, e.g. the
-                // server is starting up or shutting down).
-                sqlx::Error::Database(db) => db
-                    .code()
-                    .is_some_and(|code| code.starts_with("08") || code.starts_with("57")),
+                sqlx::Error::Database(db) => taking_over(db.as_ref()),
                 _ => false,
             },
             _ => false,
@@ -100,6 +102,25 @@ impl StoreError {
             other => other,
         }
     }
+}
+
+/// True for the errors a database gives while it starts, stops or fails over, and for the
+/// conflicts a retry resolves: SQLSTATE 08 (connection exception), 57 (operator intervention:
+/// starting up, shutting down), 25006 (read-only transaction: a standby or a demoted primary),
+/// 55000 (PostgreSQL's "recovery is in progress"), 40001 and 40P01 (serialization failure,
+/// deadlock; Galera's certification failure); MySQL/MariaDB's 1205 (lock wait timeout), 1290
+/// (`--read-only`), 1047 (WSREP has not yet prepared the node) and 1792 (read-only transaction).
+fn taking_over(db: &dyn sqlx::error::DatabaseError) -> bool {
+    if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        if matches!(mysql.number(), 1047 | 1205 | 1213 | 1290 | 1792) {
+            return true;
+        }
+    }
+    db.code().is_some_and(|code| {
+        code.starts_with("08")
+            || code.starts_with("57")
+            || matches!(code.as_ref(), "25006" | "55000" | "40001" | "40P01")
+    })
 }
 
 /// The short backend name a storage URL selects, or `None` for an unsupported scheme.
@@ -121,9 +142,16 @@ pub fn backend_of(url: &str) -> Option<&'static str> {
 pub trait SegmentStore: Send + Sync + 'static {
     /// Adds `step` (or, when `None`, the row's own step) to the tag's `max_id` and returns the
     /// row as updated, in one atomic operation. The caller then owns `(max_id - step, max_id]`.
-    /// An allocation that would pass `i64::MAX` is refused by the statement itself, the row
-    /// unchanged: [`StoreError::Exhausted`].
-    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError>;
+    /// When the row's last allocation was made by another database instance than the one
+    /// answering (a failover or a restore that may have lost allocations), `failover_margin`
+    /// more IDs are skipped first and [`LeafAlloc::failover`] says so. An allocation that would
+    /// pass `i64::MAX` is refused, the row unchanged: [`StoreError::Exhausted`].
+    async fn allocate(
+        &self,
+        tag: &str,
+        step: Option<i64>,
+        failover_margin: i64,
+    ) -> Result<LeafAlloc, StoreError>;
 
     /// Every row of the table.
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError>;
@@ -169,6 +197,15 @@ pub struct WorkerRow {
 /// read), and expiry is judged by the database's clock, never the node's.
 #[async_trait]
 pub trait WorkerLeaseStore: Send + Sync + 'static {
+    /// True when the database instance answering differs from the one that answered the
+    /// previous call, or became the one within the last `window_ms` (database time): a failover
+    /// or restore may have lost lease renewals and claims, so a holder the table no longer
+    /// shows may still be issuing. Records the instance answering.
+    async fn instance_changed_within(&self, window_ms: i64) -> Result<bool, StoreError> {
+        let _ = window_ms;
+        Ok(false)
+    }
+
     /// Takes `worker_id` for `owner` for `lease_ms` if the row does not exist yet (`Some(0)`)
     /// or its lease has expired (`Some(previous fence)`); `None` when another owner holds it.
     async fn claim(

@@ -3,12 +3,11 @@
 
 use std::str::FromStr;
 
-use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
 use sqlx::Row;
 
-use super::committed::{committed, pool_options};
-use super::{insert_error, not_allocated, LeafAlloc, SegmentStore, StoreError};
+use super::committed::pool_options;
+use super::{LeafAlloc, StoreError};
 use crate::config::StorageConfig;
 
 pub struct MySqlStore {
@@ -33,104 +32,41 @@ fn row_to_alloc(row: &MySqlRow) -> Result<LeafAlloc, sqlx::Error> {
         max_id: row.try_get("max_id")?,
         step: i64::from(row.try_get::<i32, _>("step")?),
         description: row.try_get("description")?,
+        failover: None,
     })
 }
 
-const SELECT_ROW: &str = "SELECT biz_tag, max_id, step, description FROM leaf_alloc";
-
-#[async_trait]
-impl SegmentStore for MySqlStore {
-    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
-        committed(&self.pool, |mut tx| async move {
-            let updated = sqlx::query(
-                "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?, step) \
-                 WHERE biz_tag = ? AND max_id <= 9223372036854775807 - COALESCE(?, step)",
-            )
-            .bind(step)
-            .bind(tag)
-            .bind(step)
-            .execute(&mut *tx)
+/// The instance a connection reaches: a Galera cluster's state UUID (every node of it holds
+/// every commit), otherwise the server id, which replication requires to differ between a
+/// primary and its replicas.
+async fn instance(conn: &mut sqlx::MySqlConnection) -> Result<String, sqlx::Error> {
+    let galera: Vec<(String, String)> =
+        sqlx::query_as("SHOW GLOBAL STATUS LIKE 'wsrep_cluster_state_uuid'")
+            .fetch_all(&mut *conn)
             .await?;
-            let rows = sqlx::query(&format!("{SELECT_ROW} WHERE biz_tag = ?"))
-                .bind(tag)
-                .fetch_all(&mut *tx)
-                .await?;
-            match rows.first() {
-                Some(row) if updated.rows_affected() == 1 => {
-                    let alloc = row_to_alloc(row)?;
-                    Ok((tx, alloc))
-                }
-                found => Err(not_allocated(found.is_some(), tag)),
-            }
-        })
-        .await
+    if let Some((_, uuid)) = galera.iter().find(|(_, uuid)| !uuid.is_empty()) {
+        return Ok(format!("galera:{uuid}"));
     }
-
-    async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
-        let rows = sqlx::query(super::LIST_ROWS).fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(row_to_alloc).collect::<Result<_, _>>()?)
-    }
-
-    async fn create_tag(
-        &self,
-        tag: &str,
-        step: i64,
-        max_id: i64,
-        description: Option<&str>,
-    ) -> Result<(), StoreError> {
-        committed(&self.pool, |mut tx| async move {
-            sqlx::query(
-                "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?, ?, ?, ?)",
-            )
-            .bind(tag)
-            .bind(max_id)
-            .bind(step)
-            .bind(description)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| insert_error(e, tag))?;
-            Ok((tx, ()))
-        })
-        .await
-    }
-
-    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
-        committed(&self.pool, |mut tx| async move {
-            // MySQL counts only changed rows, so an unchanged step must not read as "unknown
-            // tag": the row is looked up (and locked) first.
-            let known = sqlx::query(&format!("{SELECT_ROW} WHERE biz_tag = ? FOR UPDATE"))
-                .bind(tag)
-                .fetch_all(&mut *tx)
-                .await?;
-            if known.is_empty() {
-                return Err(StoreError::UnknownTag(tag.to_string()));
-            }
-            sqlx::query("UPDATE leaf_alloc SET step = ? WHERE biz_tag = ?")
-                .bind(step)
-                .bind(tag)
-                .execute(&mut *tx)
-                .await?;
-            Ok((tx, ()))
-        })
-        .await
-    }
-
-    fn backend(&self) -> &'static str {
-        "mysql"
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
-    }
-
-    fn worker_leases(
-        self: std::sync::Arc<Self>,
-    ) -> Option<std::sync::Arc<dyn super::WorkerLeaseStore>> {
-        Some(self)
-    }
+    let (server_id,): (String,) = sqlx::query_as("SELECT CAST(@@server_id AS CHAR)")
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(format!("mysql:server_id:{server_id}"))
 }
+
+super::locked::locked_segment_store!(
+    MySqlStore,
+    backend: "mysql",
+    row: row_to_alloc,
+    instance: instance,
+    lock: "SELECT biz_tag, max_id, step, description, writer FROM leaf_alloc \
+           WHERE biz_tag = ? FOR UPDATE",
+    advance: "UPDATE leaf_alloc SET max_id = ?, writer = ? WHERE biz_tag = ?",
+    insert: "INSERT INTO leaf_alloc (biz_tag, max_id, step, description, writer) \
+             VALUES (?, ?, ?, ?, ?)",
+    set_step: "UPDATE leaf_alloc SET step = ? WHERE biz_tag = ?",
+);
 
 /// The database's clock in UNIX milliseconds.
 const DB_NOW_MS: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
 
-super::workers::worker_lease_store!(MySqlStore, DB_NOW_MS, super::workers::question);
+super::workers::worker_lease_store!(MySqlStore, DB_NOW_MS, super::workers::question, instance);

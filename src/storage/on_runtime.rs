@@ -43,9 +43,14 @@ impl<S: ?Sized + Send + Sync + 'static> OnRuntime<S> {
 
 #[async_trait]
 impl SegmentStore for OnRuntime<dyn SegmentStore> {
-    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+    async fn allocate(
+        &self,
+        tag: &str,
+        step: Option<i64>,
+        failover_margin: i64,
+    ) -> Result<LeafAlloc, StoreError> {
         let tag = tag.to_string();
-        self.run(|s| async move { s.allocate(&tag, step).await })
+        self.run(|s| async move { s.allocate(&tag, step, failover_margin).await })
             .await
     }
 
@@ -96,6 +101,11 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
 
 #[async_trait]
 impl WorkerLeaseStore for OnRuntime<dyn WorkerLeaseStore> {
+    async fn instance_changed_within(&self, window_ms: i64) -> Result<bool, StoreError> {
+        self.run(|s| async move { s.instance_changed_within(window_ms).await })
+            .await
+    }
+
     async fn claim(
         &self,
         worker_id: i64,

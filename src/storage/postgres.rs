@@ -32,23 +32,38 @@ fn row_to_alloc(row: &PgRow) -> Result<LeafAlloc, sqlx::Error> {
         max_id: row.try_get("max_id")?,
         step: i64::from(row.try_get::<i32, _>("step")?),
         description: row.try_get("description")?,
+        failover: None,
     })
 }
 
-super::returning::returning_segment_store!(
+/// The instance a connection reaches: the cluster's system identifier and the timeline it
+/// writes on. A standby shares the primary's identifier; its promotion starts a new timeline,
+/// and so does a point-in-time restore.
+async fn instance(conn: &mut sqlx::PgConnection) -> Result<String, sqlx::Error> {
+    let (id,): (String,) = sqlx::query_as(
+        "SELECT 'postgres:' || system_identifier::text || ':timeline:' \
+         || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) FROM pg_control_system()",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(id)
+}
+
+super::locked::locked_segment_store!(
     PostgresStore,
     backend: "postgres",
     row: row_to_alloc,
-    allocate: "UPDATE leaf_alloc SET max_id = max_id + COALESCE($1::BIGINT, step), \
-               update_time = CURRENT_TIMESTAMP \
-               WHERE biz_tag = $2 AND max_id <= 9223372036854775807 - COALESCE($1::BIGINT, step) \
-               RETURNING biz_tag, max_id, step, description",
-    exists: "SELECT 1 FROM leaf_alloc WHERE biz_tag = $1",
-    insert: "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ($1, $2, $3::INT, $4)",
+    instance: instance,
+    lock: "SELECT biz_tag, max_id, step, description, writer FROM leaf_alloc \
+           WHERE biz_tag = $1 FOR UPDATE",
+    advance: "UPDATE leaf_alloc SET max_id = $1, writer = $2, update_time = CURRENT_TIMESTAMP \
+              WHERE biz_tag = $3",
+    insert: "INSERT INTO leaf_alloc (biz_tag, max_id, step, description, writer) \
+             VALUES ($1, $2, $3::INT, $4, $5)",
     set_step: "UPDATE leaf_alloc SET step = $1::INT, update_time = CURRENT_TIMESTAMP WHERE biz_tag = $2",
 );
 
 /// The database's clock in UNIX milliseconds.
 const DB_NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
 
-super::workers::worker_lease_store!(PostgresStore, DB_NOW_MS, super::workers::dollar);
+super::workers::worker_lease_store!(PostgresStore, DB_NOW_MS, super::workers::dollar, instance);

@@ -21,6 +21,8 @@ macro_rules! returning_segment_store {
                 &self,
                 tag: &str,
                 step: Option<i64>,
+                // One file has one writer: a SQLite database has no replica to fail over to.
+                _failover_margin: i64,
             ) -> Result<$crate::storage::LeafAlloc, $crate::storage::StoreError> {
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                     // fetch_all steps the statement to its end, where its changes are written.

@@ -56,6 +56,7 @@ fn row_to_alloc(row: &sqlx::sqlite::SqliteRow) -> Result<LeafAlloc, sqlx::Error>
         max_id: row.try_get("max_id")?,
         step: row.try_get("step")?,
         description: row.try_get("description")?,
+        failover: None,
     })
 }
 
@@ -76,7 +77,12 @@ super::returning::returning_segment_store!(
 /// The database's clock in UNIX milliseconds.
 const DB_NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
 
-super::workers::worker_lease_store!(SqliteStore, DB_NOW_MS, super::workers::question);
+/// One file, one instance: SQLite has no replica to fail over to.
+async fn instance(_: &mut sqlx::SqliteConnection) -> Result<String, sqlx::Error> {
+    Ok("sqlite".into())
+}
+
+super::workers::worker_lease_store!(SqliteStore, DB_NOW_MS, super::workers::question, instance);
 
 #[cfg(test)]
 mod tests {

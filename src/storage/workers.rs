@@ -3,11 +3,62 @@
 
 /// Implements [`super::WorkerLeaseStore`] for a store with a `pool` field. `$now` is the
 /// dialect's expression for the database's clock in UNIX ms; `$p` numbers placeholders
-/// (`?` for SQLite and MySQL, `$1…` for PostgreSQL).
+/// (`?` for SQLite and MySQL, `$1…` for PostgreSQL); `$instance` names the database instance
+/// a connection reaches (see `storage::failover`).
+///
+/// Row −1 is not a worker id: its owner is the instance that answered the last claim and its
+/// `lease_until` the database time at which that instance was first seen.
 macro_rules! worker_lease_store {
-    ($store:ty, $now:expr, $p:path) => {
+    ($store:ty, $now:expr, $p:path, $instance:path) => {
         #[async_trait::async_trait]
         impl $crate::storage::WorkerLeaseStore for $store {
+            async fn instance_changed_within(
+                &self,
+                window_ms: i64,
+            ) -> Result<bool, $crate::storage::StoreError> {
+                let read = format!(
+                    "SELECT owner, lease_until, {} FROM leaf_worker WHERE worker_id = -1",
+                    $now
+                );
+                let insert = format!(
+                    "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, {}, 0, 0)",
+                    $p(1)
+                );
+                let switch = format!(
+                    "UPDATE leaf_worker SET owner = {}, lease_until = {} WHERE worker_id = -1 AND owner <> {}",
+                    $p(1), $now, $p(2)
+                );
+                let outcome = $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    let current = format!("instance {}", $instance(&mut *tx).await?);
+                    let rows: Vec<(String, i64, i64)> =
+                        sqlx::query_as(&read).fetch_all(&mut *tx).await?;
+                    let changed = match rows.first() {
+                        // No record yet: the first claim on this database.
+                        None => {
+                            sqlx::query(&insert).bind(&current).execute(&mut *tx).await?;
+                            false
+                        }
+                        Some((seen, since, now)) if *seen == current => now - since < window_ms,
+                        Some(_) => {
+                            sqlx::query(&switch)
+                                .bind(&current)
+                                .bind(&current)
+                                .execute(&mut *tx)
+                                .await?;
+                            true
+                        }
+                    };
+                    Ok((tx, changed))
+                })
+                .await;
+                match outcome {
+                    // Another node recorded the instance at the same moment.
+                    Err($crate::storage::StoreError::WriteFailed(e))
+                        if $crate::storage::unique_violation(&e) => Ok(false),
+                    other => other,
+                }
+            }
+
             async fn claim(
                 &self,
                 worker_id: i64,
@@ -117,7 +168,7 @@ macro_rules! worker_lease_store {
                 &self,
             ) -> Result<Vec<$crate::storage::WorkerRow>, $crate::storage::StoreError> {
                 let list = format!(
-                    "SELECT worker_id, owner, lease_until, fence_ms, {} FROM leaf_worker ORDER BY worker_id",
+                    "SELECT worker_id, owner, lease_until, fence_ms, {} FROM leaf_worker WHERE worker_id >= 0 ORDER BY worker_id",
                     $now
                 );
                 let rows: Vec<(i64, String, i64, i64, i64)> =

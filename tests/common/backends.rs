@@ -68,4 +68,27 @@ impl Backend {
         }
         Some(format!("{server}/{name}"))
     }
+
+    /// Runs one statement on a test database.
+    pub async fn execute(self, url: &str, sql: &str) {
+        match self {
+            Backend::MySql => {
+                let mut db = sqlx::MySqlConnection::connect(url).await.unwrap();
+                sqlx::query(sql).execute(&mut db).await.unwrap();
+            }
+            Backend::Postgres => {
+                let mut db = sqlx::PgConnection::connect(url).await.unwrap();
+                sqlx::query(sql).execute(&mut db).await.unwrap();
+            }
+        }
+    }
+
+    /// The backend a test database URL names.
+    pub fn of(url: &str) -> Backend {
+        if url.starts_with("mysql") {
+            Backend::MySql
+        } else {
+            Backend::Postgres
+        }
+    }
 }

@@ -272,10 +272,15 @@ impl FlakyStore {
 
 #[async_trait]
 impl SegmentStore for FlakyStore {
-    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
+    async fn allocate(
+        &self,
+        tag: &str,
+        step: Option<i64>,
+        failover_margin: i64,
+    ) -> Result<LeafAlloc, StoreError> {
         self.allocations.fetch_add(1, Ordering::SeqCst);
         self.gate().await?;
-        self.inner.allocate(tag, step).await
+        self.inner.allocate(tag, step, failover_margin).await
     }
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         self.gate().await?;

@@ -108,6 +108,8 @@ pub struct BufferState {
     pub loads_failed: u64,
     /// Loads refused because the database went back below this node's high-water mark.
     pub rollbacks: u64,
+    /// Allocations that skipped `segment.failover_margin` IDs after a database failover.
+    pub failover_skips: u64,
     /// Every ID handed out from now on is above this: the end of the last block reserved
     /// directly in the database (an INCRBY larger than the step), so IDs keep increasing.
     pub floor: i64,

@@ -56,6 +56,23 @@ impl SegmentEngine {
         }
     }
 
+    /// Logs and counts an allocation that moved past a failover (the row was last allocated by
+    /// another database instance).
+    pub(super) fn note_failover(&self, tag: &str, alloc: &LeafAlloc) {
+        let Some(skip) = &alloc.failover else { return };
+        if let Some(buffer) = self.tags.load().get(tag.as_bytes()) {
+            buffer.lock().failover_skips += 1;
+        }
+        tracing::warn!(
+            tag,
+            previous_instance = %skip.previous,
+            current_instance = %skip.current,
+            skipped = skip.margin,
+            max_id = alloc.max_id,
+            "the database instance changed since this tag's last allocation (failover or restore): skipped segment.failover_margin IDs"
+        );
+    }
+
     /// The rollback guard: the range `(max_id - step, max_id]` must start at or above the
     /// highest `max_id` this node loaded before; then `max_id` becomes the new mark, on disk.
     async fn guard(&self, tag: &str, max_id: i64, step: i64) -> Result<(), LoadFailure> {
@@ -80,11 +97,38 @@ impl SegmentEngine {
         step: Option<i64>,
     ) -> Result<(LeafAlloc, Result<(), LoadFailure>), StoreError> {
         let _one_at_a_time = buffer.allocating.lock().await;
-        let alloc = self.store.allocate(&buffer.name, step).await?;
+        let alloc = self.allocate_retrying(&buffer.name, step).await?;
+        self.note_failover(&buffer.name, &alloc);
         let guarded = self
             .guard(&buffer.name, alloc.max_id, step.unwrap_or(alloc.step))
             .await;
         Ok((alloc, guarded))
+    }
+
+    /// One allocation, retried for `load_timeout` while the database answers with errors that
+    /// pass by themselves (a new primary taking over, a deadlock or Galera certification
+    /// conflict, a connection cut): the caller sees them only when they last.
+    async fn allocate_retrying(
+        &self,
+        tag: &str,
+        step: Option<i64>,
+    ) -> Result<LeafAlloc, StoreError> {
+        let deadline = tokio::time::Instant::now() + self.settings.load_timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            match self
+                .store
+                .allocate(tag, step, self.settings.failover_margin)
+                .await
+            {
+                Err(e) if e.is_transient() && tokio::time::Instant::now() + pause < deadline => {
+                    tracing::debug!(tag, error = %e, "allocation failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                result => return result,
+            }
+        }
     }
 
     pub(super) fn spawn_load(self: &Arc<Self>, buffer: Arc<TagBuffer>) {
@@ -145,7 +189,11 @@ impl SegmentEngine {
                     if matches!(failure, LoadFailure::Rollback { .. }) {
                         st.rollbacks += 1;
                     }
-                    if st.failure.is_none() {
+                    // Logged when the tag starts failing and whenever the kind of failure
+                    // changes: a failover that first reads as UNAVAILABLE and then as ROLLBACK
+                    // shows both.
+                    let kind = std::mem::discriminant(&failure);
+                    if st.failure.as_ref().map(std::mem::discriminant) != Some(kind) {
                         let error = self.failure_error(&buffer.name, failure.clone());
                         tracing::warn!(tag = %buffer.name, %error, "segment load failed; retrying with back-off");
                     }

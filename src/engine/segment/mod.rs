@@ -31,6 +31,9 @@ pub struct SegmentSettings {
     pub load_timeout: Duration,
     /// Most tags the table may hold; creating one more is refused.
     pub max_tags: usize,
+    /// IDs an allocation skips when the database instance that made the tag's previous
+    /// allocation is not the one answering (see `storage::failover`).
+    pub failover_margin: i64,
 }
 
 /// Errors a caller of the engine can get; the RESP and HTTP layers map them to replies.
@@ -114,6 +117,7 @@ pub struct TagSnapshot {
     pub loads_ok: u64,
     pub loads_failed: u64,
     pub rollbacks: u64,
+    pub failover_skips: u64,
 }
 
 /// Counters of the engine's activity.

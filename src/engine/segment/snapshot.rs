@@ -23,6 +23,7 @@ impl SegmentEngine {
                     loads_ok: st.loads_ok,
                     loads_failed: st.loads_failed,
                     rollbacks: st.rollbacks,
+                    failover_skips: st.failover_skips,
                     last_error: st.failure.as_ref().map(|f| match f {
                         LoadFailure::UnknownTag => "unknown tag".to_string(),
                         LoadFailure::Exhausted => "ID space exhausted".to_string(),

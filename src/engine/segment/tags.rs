@@ -150,7 +150,11 @@ impl SegmentEngine {
                 "skip must be a positive number of IDs".into(),
             ));
         }
-        let alloc = self.store.allocate(tag, Some(n)).await?;
+        let alloc = self
+            .store
+            .allocate(tag, Some(n), self.settings.failover_margin)
+            .await?;
+        self.note_failover(tag, &alloc);
         tracing::warn!(
             tag,
             skipped = n,

@@ -10,6 +10,7 @@ fn engine(max_step: i64, clock: Arc<ManualClock>) -> Arc<SegmentEngine> {
         max_step,
         load_timeout: Duration::from_secs(1),
         max_tags: 1000,
+        failover_margin: 0,
     };
     SegmentEngine::new(
         Arc::new(MemoryStore::new()),
@@ -86,8 +87,13 @@ struct LateAnswers(MemoryStore);
 
 #[async_trait::async_trait]
 impl SegmentStore for LateAnswers {
-    async fn allocate(&self, tag: &str, step: Option<i64>) -> Result<LeafAlloc, StoreError> {
-        let alloc = self.0.allocate(tag, step).await;
+    async fn allocate(
+        &self,
+        tag: &str,
+        step: Option<i64>,
+        failover_margin: i64,
+    ) -> Result<LeafAlloc, StoreError> {
+        let alloc = self.0.allocate(tag, step, failover_margin).await;
         if step.is_none() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -123,6 +129,7 @@ async fn a_block_reserved_during_a_slow_load_is_not_taken_for_a_rollback() {
         max_step: 1000,
         load_timeout: Duration::from_secs(2),
         max_tags: 10,
+        failover_margin: 0,
     };
     let engine = SegmentEngine::new(
         Arc::new(LateAnswers(MemoryStore::new())),

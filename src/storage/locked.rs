@@ -1,0 +1,132 @@
+//! The `SegmentStore` of a server database (PostgreSQL, MySQL/MariaDB): an allocation locks its
+//! row, compares the instance that wrote it last with the one answering now, and writes both.
+
+/// Implements [`super::SegmentStore`] for a store with a `pool` field. `$instance` names the
+/// database instance a connection reaches (an async fn over the dialect's connection). The SQL
+/// texts bind, in order: `lock` the tag (a `SELECT … FOR UPDATE` of `biz_tag, max_id, step,
+/// description, writer`); `advance` the new max_id, the writer, the tag; `insert` tag, max_id,
+/// step, description, writer; `set_step` step then tag. `$row` maps a locked row to a
+/// [`super::LeafAlloc`].
+macro_rules! locked_segment_store {
+    (
+        $store:ty,
+        backend: $backend:literal,
+        row: $row:path,
+        instance: $instance:path,
+        lock: $lock:expr,
+        advance: $advance:expr,
+        insert: $insert:expr,
+        set_step: $set_step:expr $(,)?
+    ) => {
+        #[async_trait::async_trait]
+        impl $crate::storage::SegmentStore for $store {
+            async fn allocate(
+                &self,
+                tag: &str,
+                step: Option<i64>,
+                failover_margin: i64,
+            ) -> Result<$crate::storage::LeafAlloc, $crate::storage::StoreError> {
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    let current = $instance(&mut *tx).await?;
+                    let rows = sqlx::query($lock).bind(tag).fetch_all(&mut *tx).await?;
+                    let Some(row) = rows.first() else {
+                        return Err($crate::storage::StoreError::UnknownTag(tag.to_string()));
+                    };
+                    let mut alloc = $row(row)?;
+                    let writer: Option<String> = sqlx::Row::try_get(row, "writer")?;
+                    let (max_id, skip) = $crate::storage::failover::plan(
+                        tag,
+                        alloc.max_id,
+                        step.unwrap_or(alloc.step),
+                        writer.as_deref(),
+                        &current,
+                        failover_margin,
+                    )?;
+                    sqlx::query($advance)
+                        .bind(max_id)
+                        .bind(&current)
+                        .bind(tag)
+                        .execute(&mut *tx)
+                        .await?;
+                    alloc.max_id = max_id;
+                    alloc.failover = skip;
+                    Ok((tx, alloc))
+                })
+                .await
+            }
+
+            async fn list(
+                &self,
+            ) -> Result<Vec<$crate::storage::LeafAlloc>, $crate::storage::StoreError> {
+                let rows = sqlx::query($crate::storage::LIST_ROWS)
+                    .fetch_all(&self.pool)
+                    .await?;
+                Ok(rows.iter().map($row).collect::<Result<Vec<_>, _>>()?)
+            }
+
+            async fn create_tag(
+                &self,
+                tag: &str,
+                step: i64,
+                max_id: i64,
+                description: Option<&str>,
+            ) -> Result<(), $crate::storage::StoreError> {
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    // The creating instance is recorded: a failover that loses the tag's
+                    // first allocations is then seen like any other.
+                    let current = $instance(&mut *tx).await?;
+                    sqlx::query($insert)
+                        .bind(tag)
+                        .bind(max_id)
+                        .bind(step)
+                        .bind(description)
+                        .bind(&current)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| $crate::storage::insert_error(e, tag))?;
+                    Ok((tx, ()))
+                })
+                .await
+            }
+
+            async fn set_step(
+                &self,
+                tag: &str,
+                step: i64,
+            ) -> Result<(), $crate::storage::StoreError> {
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    // MySQL counts only changed rows, so an unchanged step must not read as
+                    // "unknown tag": the row is looked up (and locked) first. The writer is
+                    // left alone: only an allocation may say which instance holds the range.
+                    let known = sqlx::query($lock).bind(tag).fetch_all(&mut *tx).await?;
+                    if known.is_empty() {
+                        return Err($crate::storage::StoreError::UnknownTag(tag.to_string()));
+                    }
+                    sqlx::query($set_step)
+                        .bind(step)
+                        .bind(tag)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok((tx, ()))
+                })
+                .await
+            }
+
+            fn backend(&self) -> &'static str {
+                $backend
+            }
+
+            async fn close(&self) {
+                self.pool.close().await;
+            }
+
+            fn worker_leases(
+                self: std::sync::Arc<Self>,
+            ) -> Option<std::sync::Arc<dyn $crate::storage::WorkerLeaseStore>> {
+                Some(self)
+            }
+        }
+    };
+}
+
+pub(crate) use locked_segment_store;
