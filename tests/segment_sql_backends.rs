@@ -527,6 +527,20 @@ macro_rules! backend_tests {
                 server.stop().await;
             }
 
+            /// Three rounds of six nodes started at once, each round on a fresh database.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn nodes_started_at_once_all_come_up() {
+                for round in 0..3 {
+                    let Some(url) = $backend
+                        .fresh_database(&format!("{}::at_once_{round}", stringify!($module)))
+                        .await
+                    else {
+                        return;
+                    };
+                    scenarios::nodes_started_at_once_all_come_up(&url, 6).await;
+                }
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_failover_skips_the_margin() {
                 let Some(url) = $backend

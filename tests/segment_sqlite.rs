@@ -139,3 +139,13 @@ async fn tags_created_in_the_table_by_another_node_are_found() {
     a.stop().await;
     b.stop().await;
 }
+
+/// Three rounds of six nodes started at once on one new SQLite file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_started_at_once_on_a_new_file_all_come_up() {
+    for _ in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/leafd.db", dir.path().display());
+        scenarios::nodes_started_at_once_all_come_up(&url, 6).await;
+    }
+}

@@ -7,6 +7,7 @@ pub(crate) mod failover;
 mod locked;
 mod marks;
 mod memory;
+mod migrate;
 mod mysql;
 mod on_runtime;
 mod postgres;

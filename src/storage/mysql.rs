@@ -20,7 +20,7 @@ impl MySqlStore {
         let options = MySqlConnectOptions::from_str(&config.url)?;
         let pool = pool_options(config).connect_with(options).await?;
         if migrate {
-            sqlx::migrate!("./migrations/mysql").run(&pool).await?;
+            super::migrate::mysql(&pool, sqlx::migrate!("./migrations/mysql")).await?;
         }
         Ok(MySqlStore { pool })
     }

@@ -20,6 +20,8 @@ impl PostgresStore {
         let options = PgConnectOptions::from_str(&config.url)?;
         let pool = pool_options(config).connect_with(options).await?;
         if migrate {
+            // sqlx holds pg_advisory_lock (which blocks) around the migrations: nodes
+            // starting at once wait for each other.
             sqlx::migrate!("./migrations/postgres").run(&pool).await?;
         }
         Ok(PostgresStore { pool })

@@ -32,7 +32,7 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(5));
         let pool = pool_options(config).connect_with(options).await?;
         if migrate {
-            sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+            super::migrate::sqlite(&pool, sqlx::migrate!("./migrations/sqlite")).await?;
         }
         Ok(SqliteStore { pool })
     }

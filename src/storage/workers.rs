@@ -16,6 +16,9 @@ macro_rules! worker_lease_store {
                 &self,
                 window_ms: i64,
             ) -> Result<bool, $crate::storage::StoreError> {
+                // A write first takes the lock (the row's, or SQLite's whole-file write lock,
+                // which a transaction that read first could not take while another waits).
+                let lock = "UPDATE leaf_worker SET fence_ms = 0 WHERE worker_id = -1";
                 let read = format!(
                     "SELECT owner, lease_until, {} FROM leaf_worker WHERE worker_id = -1",
                     $now
@@ -28,34 +31,42 @@ macro_rules! worker_lease_store {
                     "UPDATE leaf_worker SET owner = {}, lease_until = {} WHERE worker_id = -1 AND owner <> {}",
                     $p(1), $now, $p(2)
                 );
-                let outcome = $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    let current = format!("instance {}", $instance(&mut *tx).await?);
-                    let rows: Vec<(String, i64, i64)> =
-                        sqlx::query_as(&read).fetch_all(&mut *tx).await?;
-                    let changed = match rows.first() {
-                        // No record yet: the first claim on this database.
-                        None => {
-                            sqlx::query(&insert).bind(&current).execute(&mut *tx).await?;
-                            false
-                        }
-                        Some((seen, since, now)) if *seen == current => now - since < window_ms,
-                        Some(_) => {
-                            sqlx::query(&switch)
-                                .bind(&current)
-                                .bind(&current)
-                                .execute(&mut *tx)
-                                .await?;
-                            true
-                        }
-                    };
-                    Ok((tx, changed))
-                })
-                .await;
-                match outcome {
-                    // Another node recorded the instance at the same moment.
-                    Err($crate::storage::StoreError::WriteFailed(e))
-                        if $crate::storage::unique_violation(&e) => Ok(false),
-                    other => other,
+                // Nodes starting at once race for the first record (a unique clash, or on
+                // MySQL a deadlock of their gap locks): the loser reads the winner's.
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    let (read, insert, switch) = (&read, &insert, &switch);
+                    let outcome = $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                        sqlx::query(lock).execute(&mut *tx).await?;
+                        let current = format!("instance {}", $instance(&mut *tx).await?);
+                        let rows: Vec<(String, i64, i64)> =
+                            sqlx::query_as(read).fetch_all(&mut *tx).await?;
+                        let changed = match rows.first() {
+                            // No record yet: the first claim on this database.
+                            None => {
+                                sqlx::query(insert).bind(&current).execute(&mut *tx).await?;
+                                false
+                            }
+                            Some((seen, since, now)) if *seen == current => now - since < window_ms,
+                            Some(_) => {
+                                sqlx::query(switch)
+                                    .bind(&current)
+                                    .bind(&current)
+                                    .execute(&mut *tx)
+                                    .await?;
+                                true
+                            }
+                        };
+                        Ok((tx, changed))
+                    })
+                    .await;
+                    match outcome {
+                        Err(e) if attempt < 5 && (e.is_transient() || matches!(&e,
+                            $crate::storage::StoreError::WriteFailed(e)
+                                if $crate::storage::unique_violation(e))) => {}
+                        other => return other,
+                    }
                 }
             }
 

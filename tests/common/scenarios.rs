@@ -219,3 +219,40 @@ pub async fn the_end_of_the_id_space_is_refused_and_the_row_kept(server: &TestSe
         "the row is never pushed past the end"
     );
 }
+
+/// `nodes` applications opened at the same instant on one fresh database, as a Deployment's
+/// replicas start on a new cluster: every one comes up (the schema is migrated once, the others
+/// wait for it), each serves a configured tag, and no ID repeats.
+pub async fn nodes_started_at_once_all_come_up(url: &str, nodes: usize) {
+    let tag = unique_tag("atonce");
+    let mut starts = tokio::task::JoinSet::new();
+    for _ in 0..nodes {
+        let mut config = leafd::config::Config::default();
+        config.storage.url = url.to_string();
+        config.segment.tags = vec![leafd::config::TagSeed {
+            tag: tag.clone(),
+            step: 10,
+            start: 1,
+            description: None,
+        }];
+        starts.spawn(leafd::app::App::open(super::test_config(config)));
+    }
+    let mut apps = Vec::new();
+    while let Some(started) = starts.join_next().await {
+        match started.unwrap() {
+            Ok(app) => apps.push(app),
+            Err(e) => panic!("a node started at the same instant failed: {e}"),
+        }
+    }
+    let mut seen = HashSet::new();
+    for app in &apps {
+        for _ in 0..25 {
+            let id = app.segments.next_ids(&tag, 1).await.unwrap();
+            assert!(seen.insert(id), "repeated {id}");
+        }
+    }
+    assert_eq!(seen.len(), 25 * nodes);
+    for app in apps {
+        app.close().await;
+    }
+}

@@ -35,9 +35,7 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import sqlite3
-import struct
 import subprocess
 import sys
 import tempfile
@@ -140,7 +138,14 @@ class DiskFiller:
 
 # --- a proxy that kills connections at COMMIT ---------------------------------------------------
 
-class CommitKillProxy:
+class _CommitConnection(leafd.ProxiedConnection):
+    def __init__(self, proxy, client, server):
+        super().__init__(proxy, client, server)
+        self.swallow = False  # set before an "after" COMMIT is forwarded: its reply is dropped
+        self.reply_seen = threading.Event()
+
+
+class CommitKillProxy(leafd.TcpProxy):
     """TCP proxy on 127.0.0.1 to a database. Once armed, each client->server chunk holding a
     COMMIT (sqlx sends it as a text query: MySQL COM_QUERY, PostgreSQL simple Query) is, at
     random, passed on (1 - ratio), or the connection is killed on both sides (ratio): half of
@@ -151,50 +156,16 @@ class CommitKillProxy:
         "mysql": b"\x07\x00\x00\x00\x03COMMIT",         # length 7, sequence 0, COM_QUERY
         "postgres": b"Q\x00\x00\x00\x0bCOMMIT\x00",       # Query, length 11
     }
+    connection_class = _CommitConnection
 
     def __init__(self, dialect, target_host, target_port, ratio, rng):
         self.pattern = self.PATTERNS[dialect]
-        self.target = (target_host, target_port)
         self.ratio, self.rng = ratio, rng
-        self.lock = threading.Lock()
         self.killed = {"before": 0, "after": 0}
         self.after_without_reply = 0
         self.commits = 0  # seen while armed
-        self.connections = 0
         self.armed = threading.Event()
-        self.closed = threading.Event()
-        self.pairs = set()
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.listener.settimeout(0.2)
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
-
-    def _accept(self):
-        while not self.closed.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            try:
-                server = socket.create_connection(self.target, timeout=5)
-                server.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                if self.closed.is_set():
-                    client.close()
-                    server.close()
-                    return
-                self.connections += 1
-                pair = _ProxiedConnection(self, client, server)
-                self.pairs.add(pair)
-            pair.start()
+        super().__init__((target_host, target_port), name="commit-kill")
 
     def decide(self):
         with self.lock:
@@ -212,83 +183,27 @@ class CommitKillProxy:
             if not got_reply:
                 self.after_without_reply += 1
 
-    def forget(self, pair):
-        with self.lock:
-            self.pairs.discard(pair)
+    def from_client(self, conn, data):
+        if self.armed.is_set() and self.pattern in data:
+            mode = self.decide()
+            if mode == "before":
+                self.count("before")
+                return False
+            if mode == "after":
+                conn.swallow = True
+                conn.to_server(data)
+                got_reply = conn.reply_seen.wait(2)
+                self.count("after", got_reply)
+                return False
+        conn.to_server(data)
+        return True
 
-    def close(self):
-        self.closed.set()
-        with contextlib.suppress(OSError):
-            self.listener.close()
-        with self.lock:
-            pairs = list(self.pairs)
-        for pair in pairs:
-            pair.kill()
-
-
-class _ProxiedConnection:
-    def __init__(self, proxy, client, server):
-        self.proxy, self.client, self.server = proxy, client, server
-        self.swallow = False  # set before an "after" COMMIT is forwarded: its reply is dropped
-        self.reply_seen = threading.Event()
-        self.lock = threading.Lock()
-        self.dead = False
-
-    def start(self):
-        threading.Thread(target=self._client_to_server, daemon=True).start()
-        threading.Thread(target=self._server_to_client, daemon=True).start()
-
-    def kill(self):
-        with self.lock:
-            if self.dead:
-                return
-            self.dead = True
-        for s in (self.client, self.server):
-            with contextlib.suppress(OSError):
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)  # wakes the other thread's recv
-            with contextlib.suppress(OSError):
-                s.close()
-        self.proxy.forget(self)
-
-    def _client_to_server(self):
-        try:
-            while True:
-                data = self.client.recv(65536)
-                if not data:
-                    return
-                if self.proxy.armed.is_set() and self.proxy.pattern in data:
-                    mode = self.proxy.decide()
-                    if mode == "before":
-                        self.proxy.count("before")
-                        return
-                    if mode == "after":
-                        self.swallow = True
-                        self.server.sendall(data)
-                        got_reply = self.reply_seen.wait(2)
-                        self.proxy.count("after", got_reply)
-                        return
-                self.server.sendall(data)
-        except OSError:
-            return
-        finally:
-            self.kill()
-
-    def _server_to_client(self):
-        try:
-            while True:
-                data = self.server.recv(65536)
-                if not data:
-                    break
-                if self.swallow:
-                    self.reply_seen.set()
-                    continue
-                self.client.sendall(data)
-        except OSError:
-            pass
-        if not self.swallow:
-            self.kill()
+    def from_server(self, conn, data):
+        if conn.swallow:
+            conn.reply_seen.set()
+            return True
+        conn.to_client(data)
+        return True
 
 
 # --- SQL databases through their command-line clients -------------------------------------------

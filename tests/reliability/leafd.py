@@ -1,6 +1,7 @@
 """Shared helpers of the reliability and security scripts: free ports, a leafd node (config
 file, log file, flags and environment, start / readiness / signals / stop), a minimal RESP
-client with pipelining, and load threads that collect every ID they are given, with the checks
+client with pipelining, a TCP proxy to put faults between leafd and its database (a stalled
+link, connections cut, a virtual IP moved), and load threads that collect every ID they are given, with the checks
 made on them afterwards (no ID twice, none above the database's max_id, IDs of one connection
 strictly increasing).
 
@@ -13,12 +14,14 @@ and from another directory of tests/ (tests/security) with
 import array
 import bisect
 import collections
+import contextlib
 import copy
 import itertools
 import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -398,6 +401,166 @@ def stop_all(nodes, seconds=5):
         except subprocess.TimeoutExpired:
             node.process.kill()
             node.process.wait(10)
+
+
+# --- a TCP proxy --------------------------------------------------------------------------------
+
+class ProxiedConnection:
+    """One client connection of a TcpProxy and its own connection to the target, each direction
+    forwarded by a thread of its own. A subclass (TcpProxy.connection_class) may keep state."""
+
+    def __init__(self, proxy, client, server):
+        self.proxy, self.client, self.server = proxy, client, server
+        self.lock = threading.Lock()
+        self.dead = False
+
+    def start(self):
+        threading.Thread(target=self._pump, args=(self.client, self.proxy.from_client),
+                         daemon=True, name=f"{self.proxy.name}-c2s").start()
+        threading.Thread(target=self._pump, args=(self.server, self.proxy.from_server),
+                         daemon=True, name=f"{self.proxy.name}-s2c").start()
+
+    def to_server(self, data):
+        self.server.sendall(data)
+
+    def to_client(self, data):
+        self.client.sendall(data)
+
+    def kill(self):
+        """Closes both sides with a reset (as a dead link or host: no orderly FIN)."""
+        with self.lock:
+            if self.dead:
+                return
+            self.dead = True
+        for s in (self.client, self.server):
+            with contextlib.suppress(OSError):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)  # wakes the other thread's recv or sendall
+            with contextlib.suppress(OSError):
+                s.close()
+        self.proxy._forget(self)
+
+    def _pump(self, source, handler):
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    return
+                # Paused: the bytes wait here (and, once this thread stops reading, in the
+                # kernel's buffers), on an open connection, until resume() or a kill.
+                while not self.proxy.flowing.wait(0.05):
+                    if self.dead:
+                        return
+                if self.dead or not handler(self, data):
+                    return
+        except OSError:
+            return
+        finally:
+            self.kill()
+
+
+class TcpProxy:
+    """A TCP proxy on 127.0.0.1 (a free port: `port`) to `target` (host, port), for faults
+    between leafd and its database, or between two database servers.
+
+      pause()             no byte is forwarded any more, either way, but every connection stays
+                          open (a stalled link: what was sent waits) until resume();
+      drop_connections()  closes every open connection with a reset, discarding what waits;
+      switch(target)      new connections go to `target`, the open ones are dropped (a virtual
+                          IP moved to another server).
+    A connection whose target refuses it is closed at once (counted in `refused`).
+
+    A subclass sees the bytes: from_client(conn, data) and from_server(conn, data) run in the
+    connection's two threads, forward with conn.to_server / conn.to_client, and return False
+    to end the connection (both sides reset). `connection_class` may add per-connection state."""
+
+    connection_class = ProxiedConnection
+
+    def __init__(self, target, name="proxy"):
+        self.target, self.name = tuple(target), name
+        self.lock = threading.Lock()
+        self.generation = 0  # switch() count: a connect that raced a switch is dropped
+        self.connections = 0  # accepted and connected to the target
+        self.refused = 0
+        self.open = set()
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.closed = threading.Event()
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(128)
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True, name=f"{name}-accept").start()
+
+    def _accept(self):
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            with self.lock:
+                target, generation = self.target, self.generation
+            try:
+                server = socket.create_connection(target, timeout=5)
+                server.settimeout(None)
+            except OSError:
+                with self.lock:
+                    self.refused += 1
+                with contextlib.suppress(OSError):
+                    client.close()
+                continue
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.lock:
+                if self.closed.is_set() or generation != self.generation:
+                    client.close()
+                    server.close()
+                    continue
+                self.connections += 1
+                conn = self.connection_class(self, client, server)
+                self.open.add(conn)
+            conn.start()
+
+    def from_client(self, conn, data):
+        conn.to_server(data)
+        return True
+
+    def from_server(self, conn, data):
+        conn.to_client(data)
+        return True
+
+    def _forget(self, conn):
+        with self.lock:
+            self.open.discard(conn)
+
+    def pause(self):
+        self.flowing.clear()
+
+    def resume(self):
+        self.flowing.set()
+
+    def drop_connections(self):
+        with self.lock:
+            conns = list(self.open)
+        for conn in conns:
+            conn.kill()
+
+    def switch(self, target):
+        with self.lock:
+            self.target = tuple(target)
+            self.generation += 1
+        self.drop_connections()
+
+    def close(self):
+        self.closed.set()
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        self.drop_connections()
 
 
 # --- load and ID collection ---------------------------------------------------------------------
