@@ -345,7 +345,7 @@ async fn start_snowflake(
     tracing::info!(
         coordinator = worker.kind,
         worker_id = worker.worker_id,
-        fence_file = %sf.fence_path(&config.storage).display(),
+        fence_file = %worker.fence_file.path().display(),
         "snowflake worker id held; time fence open"
     );
     let engine = SnowflakeEngine::new(

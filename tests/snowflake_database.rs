@@ -376,3 +376,48 @@ async fn postgres_a_claim_after_a_failover_waits_a_lease() {
     };
     a_claim_after_a_failover_waits_a_lease(&url, Backend::Postgres).await;
 }
+
+/// Two processes sharing one state directory (one working directory, one config) hold two
+/// worker ids and two fence files: the second starts at once instead of waiting out the first
+/// one's fence (written `fence_window_ms` ahead), and neither repeats the other's IDs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_sharing_a_state_directory_do_not_wait_for_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/leafd.db", dir.path().display());
+    let first = App::open(node_config(&url, &dir, 2000)).await.unwrap();
+    first.snowflake.as_ref().unwrap().next_ids(1).await.unwrap();
+    let started = std::time::Instant::now();
+    let second = App::open(node_config(&url, &dir, 2000)).await.unwrap();
+    let second_ids = second
+        .snowflake
+        .as_ref()
+        .unwrap()
+        .next_ids(1000)
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "the second node waited {:?} for a fence that is not its own",
+        started.elapsed()
+    );
+    let first_ids = first
+        .snowflake
+        .as_ref()
+        .unwrap()
+        .next_ids(1000)
+        .await
+        .unwrap();
+    let all: HashSet<i64> = first_ids.iter().chain(&second_ids).copied().collect();
+    assert_eq!(all.len(), 2000);
+    for app in [&first, &second] {
+        let id = app.snowflake.as_ref().unwrap().worker_id();
+        assert!(
+            dir.path()
+                .join(format!("snowflake-fence-w{id}.json"))
+                .exists(),
+            "worker {id} keeps its own fence file"
+        );
+    }
+    first.close().await;
+    second.close().await;
+}

@@ -28,6 +28,21 @@ impl FenceFile {
         FenceFile { path: path.into() }
     }
 
+    /// The file of one worker id beside this one (`snowflake-fence.json` →
+    /// `snowflake-fence-w7.json`): a fence only matters to the holder of the same worker id,
+    /// so processes sharing a state directory never wait for each other's.
+    pub fn for_worker(&self, worker_id: u64) -> FenceFile {
+        let stem = self
+            .path
+            .file_stem()
+            .map_or_else(|| "fence".into(), |s| s.to_string_lossy().into_owned());
+        let name = match self.path.extension() {
+            Some(ext) => format!("{stem}-w{worker_id}.{}", ext.to_string_lossy()),
+            None => format!("{stem}-w{worker_id}"),
+        };
+        FenceFile::new(self.path.with_file_name(name))
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -78,6 +93,19 @@ impl FenceFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_worker_id_has_its_own_file() {
+        let base = FenceFile::new("/var/lib/leafd/snowflake-fence.json");
+        assert_eq!(
+            base.for_worker(7).path(),
+            Path::new("/var/lib/leafd/snowflake-fence-w7.json")
+        );
+        assert_eq!(
+            FenceFile::new("fence").for_worker(0).path(),
+            Path::new("fence-w0")
+        );
+    }
 
     #[test]
     fn stores_loads_and_names_a_corrupt_file() {

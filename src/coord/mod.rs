@@ -80,7 +80,7 @@ pub struct Worker {
     pub kind: &'static str,
     pub limit: Arc<IssueLimit>,
     held: Box<dyn HeldWorker>,
-    fence_file: FenceFile,
+    pub fence_file: FenceFile,
     stop: CancellationToken,
     fence_task: tokio::task::JoinHandle<()>,
 }
@@ -103,9 +103,11 @@ impl Worker {
     }
 }
 
-/// Obtains a worker id from `coordinator`, then opens the time fence in `fence_file`: waits
-/// until the clock is past every fence this node and the id's previous holders recorded (or
-/// refuses), makes the first fence durable, and keeps extending it in the background.
+/// Obtains a worker id from `coordinator`, then opens the time fence in the worker id's own file
+/// beside `fence_file` ([`FenceFile::for_worker`]): waits until the clock is past every fence
+/// this node and the id's previous holders recorded (or refuses), makes the first fence durable,
+/// and keeps extending it in the background. `fence_file` itself, written by leafd before
+/// fences were kept per worker id, still holds the start back once.
 pub async fn start(
     coordinator: &dyn Coordinator,
     epoch_ms: u64,
@@ -122,8 +124,17 @@ pub async fn start(
     }
     let limit = Arc::new(IssueLimit::new());
     let held = coordinator.acquire(limit.clone()).await?;
+    let shared_fence = match fence_file.load() {
+        Ok(fence) => fence,
+        Err(e) => {
+            held.close(None).await;
+            return Err(CoordError::Fence(e));
+        }
+    };
+    let fence_file = fence_file.for_worker(held.worker_id());
     let keeper = FenceKeeper::new(fence_file.clone(), settings, clock, limit.clone());
-    if let Err(e) = keeper.open(held.floor_ms(), held.floor_wait_ms()).await {
+    let floor = held.floor_ms().max(shared_fence);
+    if let Err(e) = keeper.open(floor, held.floor_wait_ms()).await {
         held.close(None).await;
         return Err(e);
     }
