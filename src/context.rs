@@ -37,6 +37,8 @@ pub struct Context {
     pub stats: ServerStats,
     pub started_at: Instant,
     storage_ready: AtomicBool,
+    /// Set when the listeners stopped taking clients (SIGTERM, SHUTDOWN): not ready any more.
+    draining: AtomicBool,
     next_client_id: AtomicU64,
     local_port: AtomicU16,
     tls_port: AtomicU16,
@@ -63,6 +65,7 @@ impl Context {
             stats: ServerStats::default(),
             started_at: Instant::now(),
             storage_ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             next_client_id: AtomicU64::new(1),
             local_port: AtomicU16::new(0),
             tls_port: AtomicU16::new(0),
@@ -179,6 +182,22 @@ impl Context {
     }
 
     /// Marks the database as answered and the tag list as loaded.
+    /// Marks the node as draining: `/ready` answers 503 from now on.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// `Ok` when a load balancer may send clients here, else why not.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.draining.load(Ordering::SeqCst) {
+            Err("draining: shutting down, new connections are refused")
+        } else if !self.storage_ready() {
+            Err("segment storage not connected")
+        } else {
+            Ok(())
+        }
+    }
+
     pub fn set_storage_ready(&self) {
         self.storage_ready.store(true, Ordering::SeqCst);
     }

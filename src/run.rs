@@ -5,7 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{App, AppError};
@@ -58,25 +58,77 @@ async fn listen(key: &'static str, addr: &str) -> Result<TcpListener, RunError> 
         })
 }
 
+/// A RESP address bound but not listening yet: until the application is open a client is
+/// refused at once (and tries another node) instead of waiting unanswered in the kernel's queue.
+struct Reserved {
+    key: &'static str,
+    addr: String,
+    socket: TcpSocket,
+}
+
+impl Reserved {
+    async fn bind(key: &'static str, addr: &str) -> Result<Reserved, RunError> {
+        let failed = |source| RunError::Listen {
+            key,
+            addr: addr.to_string(),
+            source,
+        };
+        let resolved = tokio::net::lookup_host(addr)
+            .await
+            .map_err(failed)?
+            .next()
+            .ok_or_else(|| failed(std::io::ErrorKind::AddrNotAvailable.into()))?;
+        let socket = if resolved.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }
+        .map_err(failed)?;
+        // As TcpListener::bind: a restart need not wait for the old connections' TIME_WAIT.
+        socket.set_reuseaddr(true).map_err(failed)?;
+        socket.bind(resolved).map_err(failed)?;
+        Ok(Reserved {
+            key,
+            addr: addr.to_string(),
+            socket,
+        })
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        self.socket.local_addr().ok()
+    }
+
+    fn listen(self) -> Result<TcpListener, RunError> {
+        let Reserved { key, addr, socket } = self;
+        socket
+            .listen(1024)
+            .map_err(|source| RunError::Listen { key, addr, source })
+    }
+}
+
 /// The listeners of `config`, bound; TLS settings loaded. Bound before the application opens,
-/// so a port in use or a bad certificate fails at once.
+/// so a port in use or a bad certificate fails at once; RESP listens only once it is open.
 struct Bound {
-    resp: Listeners,
+    plain: Option<Reserved>,
+    tls: Option<(Reserved, Arc<TlsSettings>, std::time::Duration)>,
     http: Option<TcpListener>,
     https: Option<Arc<TlsSettings>>,
 }
 
 impl Bound {
     async fn bind(config: &Config) -> Result<Bound, RunError> {
-        let mut resp = Listeners::default();
-        if !config.server.bind.is_empty() {
-            resp.plain = Some(listen("server.bind", &config.server.bind).await?);
-        }
-        if let Some(bind) = &config.tls.bind {
-            let settings = TlsSettings::load(&config.tls, &[])?;
-            let listener = listen("tls.bind", bind).await?;
-            resp.tls = Some((listener, settings, config.tls.handshake_timeout()));
-        }
+        let plain = match config.server.bind.as_str() {
+            "" => None,
+            bind => Some(Reserved::bind("server.bind", bind).await?),
+        };
+        let tls = match &config.tls.bind {
+            Some(bind) => {
+                let settings = TlsSettings::load(&config.tls, &[])?;
+                let reserved = Reserved::bind("tls.bind", bind).await?;
+                Some((reserved, settings, config.tls.handshake_timeout()))
+            }
+            None => None,
+        };
         let https = if config.tls.http {
             Some(TlsSettings::load(&config.tls, &[b"http/1.1"])?)
         } else {
@@ -87,7 +139,65 @@ impl Bound {
         } else {
             None
         };
-        Ok(Bound { resp, http, https })
+        Ok(Bound {
+            plain,
+            tls,
+            http,
+            https,
+        })
+    }
+
+    /// Answers HTTP while the application opens: `/health` 200, `/ready` 503 saying it is
+    /// starting. Stopped (and the listener handed to the real routes) by [`Starting::stop`].
+    fn serve_starting(&self, config: &Config) -> Result<Option<Starting>, RunError> {
+        let Some(http) = &self.http else {
+            return Ok(None);
+        };
+        let failed = |source| RunError::Listen {
+            key: "http.bind",
+            addr: config.http.bind.clone(),
+            source,
+        };
+        let listener = same_socket(http).map_err(failed)?;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone().cancelled_owned();
+        let task = match &self.https {
+            Some(settings) => tokio::spawn(crate::http::run_starting(
+                HttpsListener::new(listener, settings.clone(), config.tls.handshake_timeout()),
+                stopped,
+            )),
+            None => tokio::spawn(crate::http::run_starting(listener, stopped)),
+        };
+        Ok(Some(Starting { stop, task }))
+    }
+}
+
+/// A second handle on a listening socket (the same socket, not another port).
+fn same_socket(listener: &TcpListener) -> std::io::Result<TcpListener> {
+    use std::os::fd::AsFd;
+    let fd = listener.as_fd().try_clone_to_owned()?;
+    let std_listener = std::net::TcpListener::from(fd);
+    std_listener.set_nonblocking(true)?;
+    TcpListener::from_std(std_listener)
+}
+
+/// The HTTP answers of a starting server.
+struct Starting {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Starting {
+    async fn stop(self) {
+        self.stop.cancel();
+        let abort = self.task.abort_handle();
+        // Idle keep-alive connections close at once; a slow one must not hold the start.
+        if tokio::time::timeout(std::time::Duration::from_secs(2), self.task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
     }
 }
 
@@ -96,31 +206,44 @@ impl Server {
     /// snowflake worker id) on them.
     pub async fn open(config: Config) -> Result<Server, RunError> {
         let bound = Bound::bind(&config).await?;
-        let app = App::open(config).await?;
-        Ok(Server::assemble(app, bound))
+        let starting = bound.serve_starting(&config)?;
+        let app = App::open(config).await;
+        if let Some(starting) = starting {
+            starting.stop().await;
+        }
+        Server::assemble(app?, bound)
     }
 
     /// Binds the listeners of an application opened by the caller (tests with their own store
     /// or clock); `app.config` names them.
     pub async fn with_app(app: Arc<App>) -> Result<Server, RunError> {
         let bound = Bound::bind(&app.config).await?;
-        Ok(Server::assemble(app, bound))
+        Server::assemble(app, bound)
     }
 
-    fn assemble(app: Arc<App>, bound: Bound) -> Server {
-        let addr = |l: Option<&TcpListener>| l.and_then(|l| l.local_addr().ok());
+    /// Starts listening for RESP clients: the application is open.
+    fn assemble(app: Arc<App>, bound: Bound) -> Result<Server, RunError> {
         let addrs = BoundAddrs {
-            resp: addr(bound.resp.plain.as_ref()),
-            resp_tls: addr(bound.resp.tls.as_ref().map(|(l, ..)| l)),
-            http: addr(bound.http.as_ref()),
+            resp: bound.plain.as_ref().and_then(Reserved::local_addr),
+            resp_tls: bound.tls.as_ref().and_then(|(r, ..)| r.local_addr()),
+            http: bound.http.as_ref().and_then(|l| l.local_addr().ok()),
         };
-        Server {
+        let resp = Listeners {
+            plain: bound.plain.map(Reserved::listen).transpose()?,
+            tls: match bound.tls {
+                Some((reserved, settings, timeout)) => {
+                    Some((reserved.listen()?, settings, timeout))
+                }
+                None => None,
+            },
+        };
+        Ok(Server {
             app,
-            resp: bound.resp,
+            resp,
             http: bound.http,
             https: bound.https,
             addrs,
-        }
+        })
     }
 
     pub fn addrs(&self) -> BoundAddrs {

@@ -104,14 +104,43 @@ async fn metrics(State(ctx): State<Arc<Context>>) -> Response {
         .into_response()
 }
 
-/// 200 once the database answered and the tag list is loaded; 503 with the reason before.
+/// 200 once the database answered and the tag list is loaded, until draining starts; 503 with
+/// the reason otherwise.
 async fn ready(State(ctx): State<Arc<Context>>) -> Response {
-    if ctx.storage_ready() {
-        text(StatusCode::OK, "ready\n".into())
-    } else {
-        text(
+    match ctx.readiness() {
+        Ok(()) => text(StatusCode::OK, "ready\n".into()),
+        Err(why) => text(
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: segment storage not connected\n".into(),
-        )
+            format!("not ready: {why}\n"),
+        ),
     }
+}
+
+/// What HTTP answers while the server starts (database, migrations, worker id, time fence),
+/// before the application exists: alive, not ready, nothing else yet.
+pub async fn run_starting<L>(
+    listener: L,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: Listener,
+    L::Addr: std::fmt::Debug,
+{
+    const STARTING: &str =
+        "starting: opening the database, migrating, taking a snowflake worker id\n";
+    let router = Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .route(
+            "/ready",
+            get(|| async {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: {STARTING}"),
+                )
+            }),
+        )
+        .fallback(|| async { text(StatusCode::SERVICE_UNAVAILABLE, STARTING.into()) });
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
 }

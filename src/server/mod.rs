@@ -117,7 +117,9 @@ pub async fn run(
             }
         });
     }
+    // Refused from here on, and /ready says so, while connections in flight finish.
     drop(listeners);
+    ctx.set_draining();
     stop.stop();
     connections.close();
     // Commands in flight get a bounded time to finish: a stuck one must not keep the

@@ -39,6 +39,26 @@ where
     Ok(value)
 }
 
+/// Runs `attempt` again, up to five times in all after a short random pause, while it fails on
+/// a conflict with a concurrent transaction that a retry resolves (a deadlock of InnoDB gap
+/// locks between nodes starting at once, a serialization failure, a unique-key race).
+pub(crate) async fn retry_conflicts<T, F, Fut>(mut attempt: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match attempt().await {
+            Err(e) if tries < 5 && e.is_conflict() => {
+                tokio::time::sleep(std::time::Duration::from_millis(5 + fastrand::u64(..20))).await;
+            }
+            result => return result,
+        }
+    }
+}
+
 /// Pool settings shared by every dialect. A connection that still counts itself inside a
 /// transaction when taken from the pool is closed instead of used. SQLite rolls a transaction
 /// back by itself when its COMMIT fails on a full disk; the driver's ROLLBACK then fails too

@@ -95,6 +95,24 @@ impl StoreError {
         }
     }
 
+    /// True for a clash with a concurrent transaction that a retry resolves: a deadlock or
+    /// serialization failure (SQLSTATE 40001, 40P01; MySQL 1213) or a unique-key race.
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            StoreError::Database(sqlx::Error::Database(db))
+            | StoreError::WriteFailed(sqlx::Error::Database(db)) => {
+                db.is_unique_violation()
+                    || db
+                        .code()
+                        .is_some_and(|c| matches!(c.as_ref(), "40001" | "40P01"))
+                    || db
+                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|m| m.number() == 1213)
+            }
+            _ => false,
+        }
+    }
+
     /// The error of a failed write transaction: a database error becomes
     /// [`StoreError::WriteFailed`]; typed outcomes (unknown tag, exhausted, …) stay as they are.
     fn into_write_failure(self) -> StoreError {

@@ -33,11 +33,9 @@ macro_rules! worker_lease_store {
                 );
                 // Nodes starting at once race for the first record (a unique clash, or on
                 // MySQL a deadlock of their gap locks): the loser reads the winner's.
-                let mut attempt = 0;
-                loop {
-                    attempt += 1;
-                    let (read, insert, switch) = (&read, &insert, &switch);
-                    let outcome = $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                let (read, insert, switch) = (&read, &insert, &switch);
+                $crate::storage::committed::retry_conflicts(|| {
+                    $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                         sqlx::query(lock).execute(&mut *tx).await?;
                         let current = format!("instance {}", $instance(&mut *tx).await?);
                         let rows: Vec<(String, i64, i64)> =
@@ -60,14 +58,8 @@ macro_rules! worker_lease_store {
                         };
                         Ok((tx, changed))
                     })
-                    .await;
-                    match outcome {
-                        Err(e) if attempt < 5 && (e.is_transient() || matches!(&e,
-                            $crate::storage::StoreError::WriteFailed(e)
-                                if $crate::storage::unique_violation(e))) => {}
-                        other => return other,
-                    }
-                }
+                })
+                .await
             }
 
             async fn claim(
@@ -80,21 +72,30 @@ macro_rules! worker_lease_store {
                     "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES ({}, {}, {} + {}, 0)",
                     $p(1), $p(2), $now, $p(3)
                 );
-                let inserted = $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    sqlx::query(&insert)
-                        .bind(worker_id)
-                        .bind(owner)
-                        .bind(lease_ms)
-                        .execute(&mut *tx)
-                        .await?;
-                    Ok((tx, ()))
+                let insert = &insert;
+                // Retried on a deadlock (nodes starting at once); a unique clash means the row
+                // exists: then it is taken only if expired.
+                let inserted = $crate::storage::committed::retry_conflicts(|| async move {
+                    let inserted = $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                        sqlx::query(insert)
+                            .bind(worker_id)
+                            .bind(owner)
+                            .bind(lease_ms)
+                            .execute(&mut *tx)
+                            .await?;
+                        Ok((tx, ()))
+                    })
+                    .await;
+                    match inserted {
+                        Ok(()) => Ok(true),
+                        Err($crate::storage::StoreError::WriteFailed(e))
+                            if $crate::storage::unique_violation(&e) => Ok(false),
+                        Err(e) => Err(e),
+                    }
                 })
-                .await;
-                match inserted {
-                    Ok(()) => return Ok(Some(0)),
-                    Err($crate::storage::StoreError::WriteFailed(e))
-                        if $crate::storage::unique_violation(&e) => {}
-                    Err(e) => return Err(e),
+                .await?;
+                if inserted {
+                    return Ok(Some(0));
                 }
                 // Taken only when expired in the database's time; one statement, so exactly
                 // one claimant wins. The fence is read in the same transaction.
@@ -106,8 +107,9 @@ macro_rules! worker_lease_store {
                     "SELECT fence_ms FROM leaf_worker WHERE worker_id = {} AND owner = {}",
                     $p(1), $p(2)
                 );
-                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    let taken = sqlx::query(&take)
+                let (take, read) = (&take, &read);
+                $crate::storage::committed::retry_conflicts(|| $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    let taken = sqlx::query(take)
                         .bind(owner)
                         .bind(lease_ms)
                         .bind(worker_id)
@@ -116,13 +118,13 @@ macro_rules! worker_lease_store {
                     if taken.rows_affected() == 0 {
                         return Ok((tx, None));
                     }
-                    let fence: Vec<(i64,)> = sqlx::query_as(&read)
+                    let fence: Vec<(i64,)> = sqlx::query_as(read)
                         .bind(worker_id)
                         .bind(owner)
                         .fetch_all(&mut *tx)
                         .await?;
                     Ok((tx, fence.first().map(|(f,)| *f)))
-                })
+                }))
                 .await
             }
 

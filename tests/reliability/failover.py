@@ -1,8 +1,10 @@
 """Failover of the segment database to a replica that had not received the last allocations.
-Every ID every node hands out is collected: with segment.failover_margin (the default,
-10,000,000 IDs) no ID may be served twice across the nodes, no node may answer ROLLBACK after
-the failover, and every node must serve again within seconds; without the margin (0) the same
-scenario must make IDs repeat, which proves the scenario exercises the fault.
+Every ID every node hands out is collected. With segment.failover_margin (the default,
+10,000,000 IDs): no ID served twice across the nodes, none above the new primary's max_id, no
+ROLLBACK reply (UNAVAILABLE while the primary is down is fine), every node serving a new ID within
+10 s of the switch, at least one failover skip counted on the nodes' /metrics
+(leafd_segment_failover_skips_total). Without the margin (0) the same scenario must make IDs
+repeat: that proves it exercises the fault, so the test can fail.
 
 Per dialect (PostgreSQL streaming replication, MariaDB binlog replication) and per margin, on
 fresh private servers (temporary directories, free ports, loopback only):
@@ -13,9 +15,9 @@ fresh private servers (temporary directories, free ports, loopback only):
   4. all nodes under INCR load (3 clients each) for 2 s; then the replication proxy is paused
      (the replica stops receiving, the primary keeps committing: asynchronous replication) for
      2.5 s while A and B keep loading and C is idle; then the primary is killed (SIGKILL to
-     its whole process group), the replica promoted, the virtual IP switched to it (its open
-     connections cut), and all nodes load 3 s more (longer, up to 10 s, until each served a new
-     ID).
+     its whole process group), 1 s later the replica is promoted and the virtual IP switched
+     to it (its open connections cut), and all nodes load 3 s more (longer, up to 10 s, until
+     each served a new ID).
 The allocations the primary made during the freeze are lost: the replica's max_id at promotion
 must be below the old primary's, or the run proved nothing and fails. Without the margin the new
 primary hands those ranges out again: A and B refuse them (ROLLBACK, their high-water marks are
@@ -23,10 +25,14 @@ above), C, which never loaded them, serves them again: repeats.
 
 usage: failover.py LEAFD_BIN [--only postgres|mysql]...
 Needs PostgreSQL 15 (/usr/lib/postgresql/15/bin, run as the `postgres` user when root) and
-MariaDB (mariadb-install-db, /usr/sbin/mariadbd, mysql), psql. About a minute and a half.
+MariaDB (mariadb-install-db, /usr/sbin/mariadbd, mysql), psql. About a minute. Prints, per
+run, the timings of the failover, the max_ids (replica before and after the freeze and at
+promotion, old and new primary), the allocations lost, per node its IDs, failover skips and
+seconds until it served again, the error replies by kind, and a summary line.
 """
 import argparse
 import collections
+import contextlib
 import os
 import pwd
 import shutil
@@ -47,6 +53,7 @@ MARGIN = 10_000_000  # segment.failover_margin's default
 CLIENTS = 3          # per node: a 2-core machine runs 9 clients, 3 nodes and 2 servers
 BATCH = 10           # INCRs per pipelined batch
 WARM, FREEZE, AFTER, AFTER_MAX = 2.0, 2.5, 3.0, 10.0
+DOWN = 1.0  # from the kill to the promotion: a failover manager's detection time
 PG_BIN = "/usr/lib/postgresql/15/bin"
 NODE_CONFIG = {
     # A fixed step: loads (allocations) keep coming every hundred IDs, so a 2.5 s freeze loses
@@ -116,23 +123,29 @@ class Server:
         self.log_path = log_path
 
     def kill(self):
-        if self.proc.poll() is None:
-            try:
+        if self.proc.poll() is None or self._group_alive():
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.wait(10)
-        # Backends out of the group would not be reached; there are none, but say so if any.
+        # The group's other processes (PostgreSQL's backends) die with it; wait until they
+        # are gone, so that nothing of the old server still runs when the test goes on.
         deadline = time.monotonic() + 5
         while self._group_alive() and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def _group_alive(self):
-        try:
-            os.killpg(self.proc.pid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
+        """Whether a process of the group still runs (zombies, not yet reaped, do not count)."""
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+            except (OSError, ValueError):
+                continue
+            if int(pgrp) == self.proc.pid and state != "Z":
+                return True
+        return False
 
     def log_tail(self, lines=8):
         try:
@@ -233,19 +246,24 @@ class PostgresPair(Pair):
 
     def close(self):
         super().close()
-        self._release_shared_memory(self.replica_dir)
+        for data_dir in (self.primary_dir, self.replica_dir):
+            self._release_shared_memory(data_dir)
 
     @staticmethod
     def _release_shared_memory(data_dir):
-        """A postmaster killed with SIGKILL leaves its small System V segment (its id is in
-        postmaster.pid, line 7): removed, so runs leak nothing."""
+        """A postmaster killed with SIGKILL leaves its small System V segment (key and id on
+        line 7 of postmaster.pid): removed, so runs leak nothing. Only that very segment
+        (same key and id) and only once nothing is attached to it."""
         try:
             with open(os.path.join(data_dir, "postmaster.pid")) as f:
-                lines = f.read().splitlines()
-            shmid = lines[6].split()[1]
-        except (OSError, IndexError):
+                key, shmid = (int(v) for v in f.read().splitlines()[6].split())
+            with open("/proc/sysvipc/shm") as f:
+                rows = [line.split() for line in f.read().splitlines()[1:]]
+        except (OSError, IndexError, ValueError):
             return
-        subprocess.run(["ipcrm", "-m", shmid], capture_output=True, timeout=10)
+        for row in rows:  # key shmid perms size cpid lpid nattch ...
+            if int(row[0]) == key and int(row[1]) == shmid and int(row[6]) == 0:
+                subprocess.run(["ipcrm", "-m", str(shmid)], capture_output=True, timeout=10)
 
 
 class MariaDBPair(Pair):
@@ -270,7 +288,7 @@ class MariaDBPair(Pair):
         data = os.path.join(self.dir, name)
         return Server(f"mariadb-{name}", [
             "/usr/sbin/mariadbd", "--no-defaults", f"--datadir={data}", "--user=root", f"--port={port}",
-            "--bind-address=127.0.0.1", f"--socket={data}.sock", f"--pid-file={data}.pid",
+            "--bind-address=127.0.0.1", f"--socket={data}.sock", f"--pid-file={data}.pid", f"--tmpdir={data}-tmp",
             "--innodb-buffer-pool-size=32M", "--innodb-flush-log-at-trx-commit=2",
             f"--log-error={self.dir}/{name}.err", "--skip-name-resolve"] + extra,
             os.path.join(self.dir, f"{name}.err"))
@@ -278,13 +296,22 @@ class MariaDBPair(Pair):
     def start(self):
         # Both data directories at once (each takes a couple of seconds). The grant tables are
         # kept: root@127.0.0.1 without a password, as replication user too.
-        installs = [subprocess.Popen(["mariadb-install-db", "--no-defaults", f"--datadir={self.dir}/{name}",
-                                      "--user=root", "--skip-test-db", "--auth-root-authentication-method=normal"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    for name in ("primary", "replica")]
-        for p in installs:
+        installs = []
+        for name in ("primary", "replica"):
+            # A temporary directory each: two bootstraps at once in /tmp can collide on their
+            # temporary tables ("Unknown table 'mysql.tmp_user_sys'").
+            os.makedirs(f"{self.dir}/{name}-tmp")
+            with open(f"{self.dir}/{name}-install.log", "wb") as log:
+                installs.append((name, subprocess.Popen(
+                    ["mariadb-install-db", "--no-defaults", f"--datadir={self.dir}/{name}",
+                     f"--tmpdir={self.dir}/{name}-tmp", "--user=root",
+                     "--skip-test-db", "--auth-root-authentication-method=normal"],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
+        for name, p in installs:
             if p.wait(120) != 0:
-                raise RuntimeError(f"mariadb-install-db failed with status {p.returncode}")
+                with open(f"{self.dir}/{name}-install.log", errors="replace") as f:
+                    tail = f.read()[-1500:]
+                raise RuntimeError(f"mariadb-install-db ({name}) failed with status {p.returncode}:\n{tail}")
         self.primary = self._mariadbd("primary", self.primary_port, [
             "--server-id=1", f"--log-bin={self.dir}/primary-bin", "--binlog-format=ROW"])
         self.replica = self._mariadbd("replica", self.replica_port, [
@@ -395,8 +422,8 @@ def failover_skips(node):
     return total
 
 
-def scenario(dialect, margin, binary, work):
-    """One run on fresh servers; returns the list of failures."""
+def scenario(dialect, margin, binary, work, summaries):
+    """One run on fresh servers; returns the list of failures, appends its summary line."""
     label = f"{dialect} margin={margin}"
     pair = DIALECTS[dialect](work)
     vip = None
@@ -445,6 +472,7 @@ def scenario(dialect, margin, binary, work):
         t_kill = time.monotonic()
         # Whatever the proxy still held never reaches the replica.
         pair.repl_proxy.close()
+        time.sleep(DOWN)
         pair.promote()
         t_promoted = time.monotonic()
         replica_max = pair.max_id(pair.replica_port)
@@ -473,6 +501,7 @@ def scenario(dialect, margin, binary, work):
             raise RuntimeError(f"load threads did not stop: {hung}")
         final_max = pair.max_id(pair.replica_port)
         writer = pair.writer(pair.replica_port)
+        died = {n.name: n.died() for n in nodes}  # before stop_all: then they exit on purpose
         leafd.stop_all(nodes)
 
         # The old primary's last max_id: read just before the kill, or higher if an allocation
@@ -486,7 +515,7 @@ def scenario(dialect, margin, binary, work):
         for n in nodes:
             s = back_in_service([l for l in everyone if l.node is n], t_switch, threshold)
             back[n.name] = s
-        timing = (f"freeze {t_kill - t_freeze:.1f} s, promotion {t_promoted - t_kill:.1f} s, "
+        timing = (f"freeze {t_kill - t_freeze:.1f} s, down {t_promoted - t_kill:.1f} s (promotion included), "
                   f"switch {t_switch - t_promoted:.2f} s")
         print(f"  {timing}; replica max_id {replica_before} before the freeze, {replica_frozen} at its "
               f"end, {replica_max} at promotion; old primary max_id {old_max} (read {primary_max}); "
@@ -504,23 +533,27 @@ def scenario(dialect, margin, binary, work):
         if report.repeats:
             print(f"  repeats e.g. {report.repeat_examples[:3]}", flush=True)
         backs = ", ".join(f"{k} {'never' if v is None else f'{v:.1f} s'}" for k, v in back.items())
-        print(f"{label}: ids={report.segment_ids}, allocations lost={lost // STEP}, repeats={report.repeats}, "
-              f"rollbacks={total.get('ROLLBACK', 0)}, unavailable={total.get('UNAVAILABLE', 0)}, "
-              f"failover skips={sum(skips.values())}, back in service: {backs}", flush=True)
+        summary = (f"{label}: ids={report.segment_ids}, allocations lost={lost // STEP}, "
+                   f"repeats={report.repeats}, rollbacks={total.get('ROLLBACK', 0)}, "
+                   f"unavailable={total.get('UNAVAILABLE', 0)}, failover skips={sum(skips.values())}, "
+                   f"back in service: {backs}")
+        summaries.append(summary)
+        print(summary, flush=True)
 
         # --- checks ---
         if lost <= 0:
             failures.append(f"the failover lost no allocation (old primary max_id {old_max}, replica "
                             f"{replica_max} at promotion): the scenario tested nothing")
-        for n in nodes:
-            status = n.died()
+        for name, status in died.items():
             if status is not None:
-                failures.append(f"{n.name} exited by itself (status {status})")
+                failures.append(f"{name} exited by itself (status {status})")
         if margin:
             failures.extend(report.failures())
-            if after.get("ROLLBACK"):
-                failures.append(f"{after['ROLLBACK']} ROLLBACK replies after the switch, "
-                                f"e.g. {errors.example('ROLLBACK')}")
+            # The margin is there so that no node meets a range below its high-water mark
+            # (and none can before the failover).
+            if total.get("ROLLBACK"):
+                failures.append(f"{total['ROLLBACK']} ROLLBACK replies ({after.get('ROLLBACK', 0)} after the "
+                                f"switch), e.g. {errors.example('ROLLBACK')}")
             for name, seconds in back.items():
                 if seconds is None:
                     failures.append(f"{name} served no new ID within {AFTER_MAX:g} s of the switch")
@@ -572,7 +605,7 @@ def main():
     work_root = tempfile.mkdtemp(prefix="leafd-failover-")
     # The PostgreSQL user must reach its directories inside.
     os.chmod(work_root, 0o711)
-    failed, keep = [], False
+    failed, keep, summaries = [], False, []
     began = time.monotonic()
     try:
         for dialect in dialects:
@@ -583,7 +616,7 @@ def main():
                 os.chmod(work, 0o711)
                 started = time.monotonic()
                 try:
-                    failures = scenario(dialect, margin, binary, work)
+                    failures = scenario(dialect, margin, binary, work, summaries)
                 except (leafd.NodeError, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
                     failures = [f"{type(e).__name__}: {e}"]
                 if failures:
@@ -599,6 +632,8 @@ def main():
             print(f"failover: logs kept in {work_root}", flush=True)
         else:
             shutil.rmtree(work_root, ignore_errors=True)
+    if summaries:
+        print("failover: summary\n" + "\n".join(f"  {line}" for line in summaries), flush=True)
     if failed:
         raise SystemExit(f"failover: FAILED {', '.join(failed)}")
     print(f"failover: all {len(dialects) * 2} runs passed in {time.monotonic() - began:.0f} s", flush=True)

@@ -1,9 +1,9 @@
 """Shared helpers of the reliability and security scripts: free ports, a leafd node (config
 file, log file, flags and environment, start / readiness / signals / stop), a minimal RESP
-client with pipelining, a TCP proxy to put faults between leafd and its database (a stalled
-link, connections cut, a virtual IP moved), and load threads that collect every ID they are given, with the checks
-made on them afterwards (no ID twice, none above the database's max_id, IDs of one connection
-strictly increasing).
+client with pipelining, a TCP proxy for faults between leafd and its database (a stalled
+link, connections cut, a virtual IP moved), and load threads that collect every ID they are
+given, with the checks made on them afterwards (no ID twice, none above the database's max_id,
+IDs of one connection strictly increasing).
 
 Standard library only. Import it from a script in this directory with
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -636,37 +636,42 @@ class Loader(threading.Thread):
             conn.send_encoded(self._encoded(batch))
             segment_ids = snowflake_ids = 0
             errored = False
-            for kind, n in batch:
-                reply = read_reply()
-                if type(reply) is int and kind != SNOWFLAKE:
-                    first = reply - n + 1
-                    if kind == INCR:
-                        singles.append(reply)
+            try:
+                for kind, n in batch:
+                    reply = read_reply()
+                    if type(reply) is int and kind != SNOWFLAKE:
+                        first = reply - n + 1
+                        if kind == INCR:
+                            singles.append(reply)
+                        else:
+                            blocks.append((first, reply))
+                        segment_ids += n
+                        if previous is not None and first <= previous:
+                            self.order_violations += 1
+                            if len(self.order_examples) < 5:
+                                what = (f"INCRBY {n} -> {first}..{reply}" if kind == INCRBY
+                                        else f"INCR -> {reply}")
+                                self.order_examples.append(f"{self.name} connection {self.connections}: "
+                                                           f"after {previous}, {what}")
+                        previous = reply
+                    elif type(reply) is int and n == 1:  # SNOWFLAKE
+                        snowflakes.append(reply)
+                        snowflake_ids += 1
+                    elif isinstance(reply, ErrorReply):
+                        self.errors[reply.kind] += 1
+                        self.error_examples.setdefault(reply.kind, str(reply)[:200])
+                        errored = True
+                        if self.on_error is not None:
+                            self.on_error(reply)
+                    elif kind == SNOWFLAKE and n > 1 and type(reply) is list and self._add_snowflakes(reply):
+                        snowflake_ids += len(reply)
                     else:
-                        blocks.append((first, reply))
-                    segment_ids += n
-                    if previous is not None and first <= previous:
-                        self.order_violations += 1
-                        if len(self.order_examples) < 5:
-                            what = f"INCRBY {n} -> {first}..{reply}" if kind == INCRBY else f"INCR -> {reply}"
-                            self.order_examples.append(f"{self.name} connection {self.connections}: "
-                                                       f"after {previous}, {what}")
-                    previous = reply
-                elif type(reply) is int and n == 1:  # SNOWFLAKE
-                    snowflakes.append(reply)
-                    snowflake_ids += 1
-                elif isinstance(reply, ErrorReply):
-                    self.errors[reply.kind] += 1
-                    self.error_examples.setdefault(reply.kind, str(reply)[:200])
-                    errored = True
-                    if self.on_error is not None:
-                        self.on_error(reply)
-                elif kind == SNOWFLAKE and n > 1 and type(reply) is list and self._add_snowflakes(reply):
-                    snowflake_ids += len(reply)
-                else:
-                    self.unexpected.append(f"{kind}{f' {n}' if kind == SNOWFLAKE and n > 1 else ''}: "
-                                           f"{reply!r}"[:120])
-            self.timeline.append((time.monotonic(), segment_ids, snowflake_ids))
+                        self.unexpected.append(f"{kind}{f' {n}' if kind == SNOWFLAKE and n > 1 else ''}: "
+                                               f"{reply!r}"[:120])
+            finally:
+                # A batch cut short by a dropped connection counts the replies read before the
+                # drop: the timeline's counts add up to the IDs kept.
+                self.timeline.append((time.monotonic(), segment_ids, snowflake_ids))
             pause = max(self.pause, self.pause_after_error) if errored else self.pause
             if pause > 0:
                 stop.wait(pause)
