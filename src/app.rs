@@ -39,6 +39,7 @@ pub struct App {
     pub context: Arc<Context>,
     worker: tokio::sync::Mutex<Option<Worker>>,
     background: CancellationToken,
+    clock: Arc<dyn Clock>,
 }
 
 impl std::ops::Deref for App {
@@ -126,7 +127,13 @@ impl App {
                     config.storage.marks_path(),
                     config.storage.discard_unreadable_marks,
                 )?;
-                let snowflake = start_snowflake(&config, None, clock.clone()).await?;
+                // The database coordinator leases its worker id from that database: it starts
+                // once the database answers, and SNOWFLAKE replies UNAVAILABLE until then.
+                let snowflake = if config.snowflake.coordinator == CoordinatorKind::Database {
+                    StartedSnowflake::default()
+                } else {
+                    start_snowflake(&config, None, clock.clone()).await?
+                };
                 let app = App::build(config, deferred.clone(), marks, clock, snowflake);
                 app.spawn_connector(deferred);
                 Ok(app)
@@ -172,7 +179,7 @@ impl App {
             store,
             marks,
             segment_settings(&config.segment),
-            clock,
+            clock.clone(),
             metrics.clone(),
         );
         let background = CancellationToken::new();
@@ -192,6 +199,7 @@ impl App {
             )),
             worker: tokio::sync::Mutex::new(started.worker),
             background,
+            clock,
         })
     }
 
@@ -220,6 +228,38 @@ impl App {
         Ok(())
     }
 
+    /// The database coordinator's start, put off while the database was down: obtains the worker
+    /// id (retrying while no id is free or the database fails again) and installs the engine.
+    async fn start_deferred_snowflake(&self, store: &Arc<dyn SegmentStore>) {
+        let config = &self.config;
+        if !config.snowflake.enabled
+            || config.snowflake.coordinator != CoordinatorKind::Database
+            || self.snowflake().is_some()
+        {
+            return;
+        }
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            match start_snowflake(config, store.clone().worker_leases(), self.clock.clone()).await {
+                Ok(started) => {
+                    if let Some(engine) = started.engine {
+                        self.context.install_snowflake(engine);
+                    }
+                    *self.worker.lock().await = started.worker;
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "database reachable but no snowflake worker id yet; retrying");
+                }
+            }
+            tokio::select! {
+                _ = self.background.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+    }
+
     /// Keeps trying to open the database (backing off up to 10 s) until it answers.
     fn spawn_connector(self: &Arc<Self>, deferred: Arc<DeferredStore>) {
         let app = self.clone();
@@ -232,6 +272,7 @@ impl App {
                 }
                 match storage::open(&app.config.storage, app.config.storage.migrate).await {
                     Ok(store) => {
+                        let leases = store.clone();
                         deferred.connect(store);
                         match app.initialise_storage().await {
                             Ok(()) => tracing::info!("database reachable: segment service started"),
@@ -239,6 +280,7 @@ impl App {
                                 tracing::error!(error = %e, "database reachable but initialisation failed; the periodic refresh retries")
                             }
                         }
+                        app.start_deferred_snowflake(&leases).await;
                         return;
                     }
                     Err(e) if e.is_transient() => {
@@ -260,7 +302,7 @@ impl App {
         self.background.cancel();
         if let Some(worker) = self.worker.lock().await.take() {
             // Stop issuing first; then the last timestamp issued is final.
-            let last_issued = self.snowflake.as_ref().map(|engine| {
+            let last_issued = self.snowflake().map(|engine| {
                 engine
                     .limit()
                     .set_lease(0, Some("leafd is shutting down".into()));

@@ -30,8 +30,9 @@ pub struct Context {
     pub snowflake_layout: Layout,
     pub segments: Arc<SegmentEngine>,
     pub metrics: Arc<Metrics>,
-    /// `None` when `snowflake.enabled = false`.
-    pub snowflake: Option<Arc<SnowflakeEngine>>,
+    /// Empty when `snowflake.enabled = false`, and until the worker id is held (the database
+    /// coordinator waits for a database that was down at start).
+    snowflake: arc_swap::ArcSwapOption<SnowflakeEngine>,
     /// The ZooKeeper registration's state, when the worker id comes from ZooKeeper.
     pub zookeeper: Option<Arc<ZkShared>>,
     pub stats: ServerStats,
@@ -60,7 +61,7 @@ impl Context {
             snowflake_layout,
             segments,
             metrics,
-            snowflake,
+            snowflake: arc_swap::ArcSwapOption::new(snowflake),
             zookeeper,
             stats: ServerStats::default(),
             started_at: Instant::now(),
@@ -112,7 +113,7 @@ impl Context {
             m.gauge(SEGMENT_PRELOAD_THRESHOLD_IDS, &[("tag", tag)])
                 .set(threshold as f64);
         }
-        if let Some(engine) = &self.snowflake {
+        if let Some(engine) = self.snowflake_now().as_ref() {
             let st = engine.stats();
             m.counter(SNOWFLAKE_IDS_TOTAL, &[])
                 .absolute(engine.ids_served());
@@ -182,6 +183,21 @@ impl Context {
     }
 
     /// Marks the database as answered and the tag list as loaded.
+    /// The snowflake engine, once this node holds a worker id.
+    pub fn snowflake(&self) -> Option<Arc<SnowflakeEngine>> {
+        self.snowflake.load_full()
+    }
+
+    /// The engine for the request path, without touching its reference count.
+    pub fn snowflake_now(&self) -> arc_swap::Guard<Option<Arc<SnowflakeEngine>>> {
+        self.snowflake.load()
+    }
+
+    /// Installs the engine of a worker id obtained after the start.
+    pub fn install_snowflake(&self, engine: Arc<SnowflakeEngine>) {
+        self.snowflake.store(Some(engine));
+    }
+
     /// Marks the node as draining: `/ready` answers 503 from now on.
     pub fn set_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
@@ -193,6 +209,8 @@ impl Context {
             Err("draining: shutting down, new connections are refused")
         } else if !self.storage_ready() {
             Err("segment storage not connected")
+        } else if self.config.snowflake.enabled && self.snowflake_now().is_none() {
+            Err("no snowflake worker id held yet")
         } else {
             Ok(())
         }

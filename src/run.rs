@@ -284,7 +284,7 @@ impl Server {
             storage = %app.config.storage.redacted_url(),
             backend = app.segments.store().backend(),
             tags = app.segments.tag_count(),
-            snowflake_worker_id = ?app.snowflake.as_ref().map(|s| s.worker_id()),
+            snowflake_worker_id = ?app.snowflake().map(|s| s.worker_id()),
             coordinator = ?app.config.snowflake.coordinator,
             "leafd listening"
         );

@@ -119,17 +119,21 @@ async fn incr(raw: &mut common::RawClient, tag: &str) -> String {
         .await
 }
 
-/// Started while the database is unreachable: PING works, segment commands are UNAVAILABLE,
-/// and once the database answers the server serves IDs without a restart.
+/// Started while the database is unreachable, with the default (database) coordinator: the
+/// process stays up and not ready, PING works, segment and snowflake commands are UNAVAILABLE
+/// with the cause, and once the database answers it becomes ready and serves both kinds of ID
+/// without a restart.
 async fn database_down_at_start(url: &str) {
     let (proxy, routed) = through_proxy(url, false).await;
     let mut config = config_for(&routed);
-    // The database coordinator needs its database at start (it refuses to start without, see
-    // snowflake_database.rs); segments start without it.
-    config.snowflake.coordinator = leafd::config::CoordinatorKind::Static;
+    assert_eq!(
+        config.snowflake.coordinator,
+        leafd::config::CoordinatorKind::Database
+    );
     config.storage.acquire_timeout_ms = 500;
     let server = TestServer::start(config).await;
     assert!(!server.app.storage_ready());
+    assert_eq!(server.app.readiness(), Err("segment storage not connected"));
     let mut raw = server.raw().await;
     assert_eq!(raw.send(b"PING\r\n", 1).await, "+PONG\r\n");
     let reply = incr(&mut raw, "early").await;
@@ -137,12 +141,19 @@ async fn database_down_at_start(url: &str) {
         reply.starts_with("-UNAVAILABLE segment for 'early' exhausted and database unreachable: "),
         "{reply}"
     );
+    let reply = raw.send(b"SNOWFLAKE\r\n", 1).await;
+    assert!(
+        reply.starts_with("-UNAVAILABLE snowflake: no worker id held yet"),
+        "{reply}"
+    );
     proxy.restore();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !server.app.storage_ready() {
-        assert!(Instant::now() < deadline, "storage never became ready");
+    while server.app.readiness().is_err() {
+        assert!(Instant::now() < deadline, "never became ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let reply = raw.send(b"SNOWFLAKE\r\n", 1).await;
+    assert!(reply.starts_with(':'), "{reply}");
     let tag = unique_tag("late");
     create_tag(&server, &tag, 10, None).await;
     assert_eq!(incr(&mut raw, &tag).await, ":1\r\n");

@@ -161,7 +161,7 @@ async fn restarts_with_the_clock_stepped_back_never_repeat_an_id() {
     };
     let mut seen = std::collections::HashSet::new();
     let app = open(0).await.unwrap();
-    let engine = app.snowflake.clone().unwrap();
+    let engine = app.snowflake().unwrap();
     for _ in 0..50 {
         for id in engine.next_ids(1000).await.unwrap() {
             assert!(seen.insert(id));
@@ -187,7 +187,7 @@ async fn restarts_with_the_clock_stepped_back_never_repeat_an_id() {
     let started = std::time::Instant::now();
     let app = open(-300).await.unwrap();
     assert!(started.elapsed() >= std::time::Duration::from_millis(250));
-    let engine = app.snowflake.clone().unwrap();
+    let engine = app.snowflake().unwrap();
     for id in engine.next_ids(4000).await.unwrap() {
         assert!(seen.insert(id), "repeated {id}");
     }

@@ -151,7 +151,7 @@ pub fn info(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
         );
     }
     if show("leafd") {
-        if let Some(engine) = &ctx.snowflake {
+        if let Some(engine) = ctx.snowflake_now().as_ref() {
             let st = engine.stats();
             let _ = write!(
                 out,

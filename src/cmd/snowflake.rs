@@ -10,10 +10,14 @@ use crate::context::Context;
 use crate::engine::snowflake::{SnowflakeEngine, SnowflakeError};
 use crate::protocol::{ArgCursor, Reply};
 
-fn engine(ctx: &Context) -> Result<&Arc<SnowflakeEngine>, Reply> {
-    ctx.snowflake
-        .as_ref()
-        .ok_or_else(|| Reply::error("ERR snowflake is disabled on this server"))
+fn engine(ctx: &Context) -> Result<Arc<SnowflakeEngine>, Reply> {
+    match ctx.snowflake() {
+        Some(engine) => Ok(engine),
+        None if ctx.config.snowflake.enabled => Err(Reply::error(
+            "UNAVAILABLE snowflake: no worker id held yet: the database the coordinator leases it from has not answered since the start",
+        )),
+        None => Err(Reply::error("ERR snowflake is disabled on this server")),
+    }
 }
 
 /// The RESP error for an engine error; the first word is stable and documented.
@@ -41,7 +45,8 @@ pub async fn next(ctx: &Arc<Context>) -> Reply {
 
 /// [`next`] when the ID can be issued without waiting (nearly always); `None` otherwise.
 pub fn next_at_once(ctx: &Context) -> Option<Reply> {
-    let engine = ctx.snowflake.as_ref()?;
+    let guard = ctx.snowflake_now();
+    let engine = guard.as_ref()?;
     match engine.try_next_id() {
         Ok(id) => id.map(Reply::Integer),
         Err(e) => Some(snowflake_error(&e)),

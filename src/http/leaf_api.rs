@@ -49,7 +49,13 @@ pub(super) async fn snowflake_id(
     State(ctx): State<Arc<Context>>,
     Path(_key): Path<String>,
 ) -> Response {
-    let Some(engine) = &ctx.snowflake else {
+    let Some(engine) = ctx.snowflake() else {
+        if ctx.config.snowflake.enabled {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no snowflake worker id held yet: the database the coordinator leases it from has not answered since the start\n".into(),
+            );
+        }
         return text(
             StatusCode::NOT_FOUND,
             "snowflake is disabled on this server\n".into(),

@@ -15,9 +15,9 @@ fresh private servers (temporary directories, free ports, loopback only):
   4. all nodes under INCR load (3 clients each) for 2 s; then the replication proxy is paused
      (the replica stops receiving, the primary keeps committing: asynchronous replication) for
      2.5 s while A and B keep loading and C is idle; then the primary is killed (SIGKILL to
-     its whole process group), 1 s later the replica is promoted and the virtual IP switched
-     to it (its open connections cut), and all nodes load 3 s more (longer, up to 10 s, until
-     each served a new ID).
+     the server and every process it started), 1 s later the replica is promoted and the
+     virtual IP switched to it (its open connections cut), and all nodes load 3 s more
+     (longer, up to 10 s, until each served a new ID).
 The allocations the primary made during the freeze are lost: the replica's max_id at promotion
 must be below the old primary's, or the run proved nothing and fails. Without the margin the new
 primary hands those ranges out again: A and B refuse them (ROLLBACK, their high-water marks are
@@ -109,43 +109,72 @@ def wait_until(what, seconds, probe, interval=0.1):
         time.sleep(interval)
 
 
+def processes():
+    """{pid: (state, ppid)} of every process (from /proc)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError, IndexError):
+            continue
+        out[int(entry)] = (state, int(ppid))
+    return out
+
+
+def descendants(pid):
+    children = collections.defaultdict(list)
+    for child, (_, ppid) in processes().items():
+        children[ppid].append(child)
+    out, todo = [], [pid]
+    while todo:
+        for child in children[todo.pop()]:
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def running(pid):
+    """Whether `pid` runs (a zombie, not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 class Server:
-    """A database server process in a session of its own: SIGKILL to its process group takes
-    every process of it at once (PostgreSQL's backends and WAL sender too), as a host dying
-    would; a postmaster killed alone leaves backends that still commit."""
+    """A database server process. kill() takes it and every process it started at once
+    (PostgreSQL's backends, WAL sender and writer, each in a session of its own, so a signal to
+    the postmaster's process group would miss them), as a host dying would: a postmaster
+    killed alone leaves backends that finish their transactions."""
 
     def __init__(self, name, cmd, log_path, user=None):
         self.name = name
+        # A session of its own: a Ctrl-C meant for the test does not stop it behind its back.
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          **as_user(user))
         self.log_path = log_path
+        self.killed = []  # the pids kill() sent SIGKILL to
 
     def kill(self):
-        if self.proc.poll() is None or self._group_alive():
+        if self.proc.poll() is None:
+            # Stopped first, the server forks no new process while its children are listed.
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.kill(self.proc.pid, signal.SIGSTOP)
+            self.killed = [self.proc.pid] + descendants(self.proc.pid)
+            for pid in self.killed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         self.proc.wait(10)
-        # The group's other processes (PostgreSQL's backends) die with it; wait until they
-        # are gone, so that nothing of the old server still runs when the test goes on.
+        # Until none of them runs (their System V segment is detached, nothing can commit).
         deadline = time.monotonic() + 5
-        while self._group_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    def _group_alive(self):
-        """Whether a process of the group still runs (zombies, not yet reaped, do not count)."""
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
-            except (OSError, ValueError):
-                continue
-            if int(pgrp) == self.proc.pid and state != "Z":
-                return True
-        return False
+        while any(running(pid) for pid in self.killed) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def log_tail(self, lines=8):
         try:
@@ -207,8 +236,8 @@ class PostgresPair(Pair):
                     "-At", "-v", "ON_ERROR_STOP=1", "-c", statement], timeout=15)
 
     def _postgres(self, name, data_dir, port):
-        # Asynchronous streaming replication: no synchronous_standby_names. fsync off: nothing
-        # here survives a crash of the machine, only of the server, and the disk is shared.
+        # Asynchronous streaming replication: no synchronous_standby_names. fsync off: the test
+        # kills servers, not the machine (the kernel keeps what they wrote), on a shared disk.
         cmd = [f"{PG_BIN}/postgres", "-D", data_dir, "-c", "listen_addresses=127.0.0.1",
                "-c", f"port={port}", "-c", f"unix_socket_directories={self.dir}",
                "-c", "wal_level=replica", "-c", "max_wal_senders=4", "-c", "hot_standby=on",
@@ -223,11 +252,12 @@ class PostgresPair(Pair):
         wait_until("PostgreSQL primary ready", 30, lambda: self.sql(self.primary_port, "SELECT 1") == "1")
         # The base backup goes through the proxy, so -R writes the proxy into primary_conninfo.
         self.repl_proxy = leafd.TcpProxy(("127.0.0.1", self.primary_port), name="pg-replication")
-        run([f"{PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", str(self.repl_proxy.port), "-U", "postgres",
-             "-D", self.replica_dir, "-R", "-X", "stream", "-c", "fast", "--no-sync"], timeout=90, user=self.USER)
+        run([f"{PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", str(self.repl_proxy.port),
+             "-U", "postgres", "-D", self.replica_dir, "-R", "-X", "stream", "-c", "fast", "--no-sync"],
+            timeout=90, user=self.USER)
         self.replica = self._postgres("replica", self.replica_dir, self.replica_port)
-        wait_until("PostgreSQL replica streaming", 30,
-                   lambda: self.sql(self.replica_port, "SELECT status FROM pg_stat_wal_receiver") == "streaming")
+        wait_until("PostgreSQL replica streaming", 30, lambda: self.sql(
+            self.replica_port, "SELECT status FROM pg_stat_wal_receiver") == "streaming")
         sync = self.sql(self.primary_port, "SELECT string_agg(sync_state, ',') FROM pg_stat_replication")
         if sync != "async":
             raise RuntimeError(f"replication is not asynchronous: pg_stat_replication.sync_state {sync!r}")
@@ -240,7 +270,8 @@ class PostgresPair(Pair):
         self._release_shared_memory(self.primary_dir)
 
     def promote(self):
-        run([f"{PG_BIN}/pg_ctl", "promote", "-D", self.replica_dir, "-w", "-t", "30"], timeout=40, user=self.USER)
+        run([f"{PG_BIN}/pg_ctl", "promote", "-D", self.replica_dir, "-w", "-t", "30"], timeout=40,
+            user=self.USER)
         wait_until("promoted replica accepts writes", 20, lambda: self.sql(
             self.replica_port, "SELECT pg_is_in_recovery()") == "f")
 
@@ -288,7 +319,8 @@ class MariaDBPair(Pair):
         data = os.path.join(self.dir, name)
         return Server(f"mariadb-{name}", [
             "/usr/sbin/mariadbd", "--no-defaults", f"--datadir={data}", "--user=root", f"--port={port}",
-            "--bind-address=127.0.0.1", f"--socket={data}.sock", f"--pid-file={data}.pid", f"--tmpdir={data}-tmp",
+            "--bind-address=127.0.0.1", f"--socket={data}.sock", f"--pid-file={data}.pid",
+            f"--tmpdir={data}-tmp",
             "--innodb-buffer-pool-size=32M", "--innodb-flush-log-at-trx-commit=2",
             f"--log-error={self.dir}/{name}.err", "--skip-name-resolve"] + extra,
             os.path.join(self.dir, f"{name}.err"))
@@ -307,11 +339,12 @@ class MariaDBPair(Pair):
                      f"--tmpdir={self.dir}/{name}-tmp", "--user=root",
                      "--skip-test-db", "--auth-root-authentication-method=normal"],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
-        for name, p in installs:
-            if p.wait(120) != 0:
+        statuses = [(name, p.wait(120)) for name, p in installs]  # both, before any error
+        for name, status in statuses:
+            if status != 0:
                 with open(f"{self.dir}/{name}-install.log", errors="replace") as f:
                     tail = f.read()[-1500:]
-                raise RuntimeError(f"mariadb-install-db ({name}) failed with status {p.returncode}:\n{tail}")
+                raise RuntimeError(f"mariadb-install-db ({name}) failed with status {status}:\n{tail}")
         self.primary = self._mariadbd("primary", self.primary_port, [
             "--server-id=1", f"--log-bin={self.dir}/primary-bin", "--binlog-format=ROW"])
         self.replica = self._mariadbd("replica", self.replica_port, [
@@ -324,12 +357,14 @@ class MariaDBPair(Pair):
                  f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={self.repl_proxy.port}, "
                  "MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1; "
                  "START SLAVE")
-        wait_until("MariaDB replica running", 30, lambda: (
-            lambda st: st.get("Slave_IO_Running") == "Yes" and st.get("Slave_SQL_Running") == "Yes")(
-            self.slave_status()))
+        wait_until("MariaDB replica running", 30, self.replicating)
         self.sql(self.primary_port, "CREATE DATABASE leafd")
         wait_until("database leafd on the replica", 20,
                    lambda: self.sql(self.replica_port, "SHOW DATABASES LIKE 'leafd'") == "leafd")
+
+    def replicating(self):
+        st = self.slave_status()
+        return st.get("Slave_IO_Running") == "Yes" and st.get("Slave_SQL_Running") == "Yes"
 
     def slave_status(self):
         out = self.sql(self.replica_port, "SHOW SLAVE STATUS", vertical=True)
@@ -627,6 +662,8 @@ def main():
                         print(f"  - {failure}", flush=True)
                 else:
                     print(f"ok {name} ({time.monotonic() - started:.0f} s)", flush=True)
+                    # Its data directories (a quarter of a gigabyte for MariaDB) go at once.
+                    shutil.rmtree(work, ignore_errors=True)
     finally:
         if keep:
             print(f"failover: logs kept in {work_root}", flush=True)
