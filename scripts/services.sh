@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs (Debian's packages) and starts on 127.0.0.1 the servers the tests and benchmarks use:
 # PostgreSQL :5432, MariaDB :3306, redis-server :6379 (the benchmark peer), plus the tools of
-# the fault tests and bench/floor.sh (faketime, tmux, gcc, liburing-dev). Idempotent: a server
+# the fault tests and bench/floor.sh (faketime, tmux, haproxy, gcc, liburing-dev). Idempotent: a server
 # already answering is left alone. Test-only credentials: postgres and root need no password
 # over loopback. ZooKeeper and Prometheus are started by the tests themselves.
 #   scripts/services.sh
@@ -61,6 +61,7 @@ fi
 # Tools the tests drive: faketime (clock steps across restarts), tmux (interactive redis-cli).
 need faketime faketime
 need tmux tmux
+need haproxy haproxy
 # bench/floor.sh builds its measuring sticks with gcc, the io_uring one against liburing.
 need gcc gcc libc6-dev
 [ -r /usr/include/liburing.h ] || apt_install liburing-dev
