@@ -48,7 +48,7 @@ pub enum SegmentError {
     #[error("tag '{0}' has exhausted its ID space")]
     Exhausted(String),
     /// The database handed out a range this node may already have served.
-    #[error("tag '{tag}': the database returned IDs from {from}, at or below {mark}, the highest this node already loaded (restored backup or lossy failover?); refusing until an operator moves the tag forward (LEAF.TAG SKIP {tag} <n>)")]
+    #[error("tag '{tag}': the database returned IDs from {from}, at or below {mark}, the highest this node already loaded (restored backup or lossy failover?); refused until the table is past that mark (other loads move it; LEAF.TAG SKIP {tag} <n> at once)")]
     Rollback { tag: String, from: i64, mark: i64 },
     #[error("tag '{0}' already exists")]
     TagExists(String),
