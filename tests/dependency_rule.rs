@@ -33,10 +33,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "access", "auth", "clock", "context", "engine", "metrics", "tls",
         ],
     ),
+    // The app wires it all, the command table included (it names the per-command metrics);
+    // no command imports the app (they see the context).
     (
         "app",
         &[
-            "clock", "config", "context", "coord", "engine", "metrics", "storage",
+            "clock", "cmd", "config", "context", "coord", "engine", "metrics", "storage",
         ],
     ),
     ("run", &["access", "app", "config", "http", "server", "tls"]),
@@ -49,9 +51,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// Imports against the rule that are known and still to be removed (the app reads the command
-/// table to name the per-command metrics). Each must still occur, so the list only shrinks.
-const PENDING: &[(&str, &str)] = &[("app", "cmd")];
+/// Imports against the rule that are known and still to be removed. Each must still occur, so
+/// the list only shrinks; it is empty.
+const PENDING: &[(&str, &str)] = &[];
 
 fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {

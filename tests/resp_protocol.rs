@@ -42,6 +42,16 @@ async fn bad_commands_get_errors_and_the_connection_stays_usable() {
         (&[b"CONFIG", b"SET", b"maxclients", b"1"], "-ERR CONFIG SET is not supported by leafd; edit leafd.toml instead\r\n"),
         (&[b"AUTH", b"pw"], "-ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n"),
         (&[b"HELLO", b"4"], "-NOPROTO unsupported protocol version\r\n"),
+        // With no password every client is the default user already, as on redis-server 7.
+        (&[b"AUTH", b"default", b"anything"], "+OK\r\n"),
+        (&[b"AUTH", b"someone", b"pw"], "-WRONGPASS invalid username-password pair or user is disabled.\r\n"),
+        (&[b"CLIENT", b"SETINFO", b"lib-name"], "-ERR wrong number of arguments for 'client|setinfo' command\r\n"),
+        (&[b"CLIENT", b"NOPE"], "-ERR unknown subcommand 'NOPE'. Try CLIENT HELP.\r\n"),
+        (&[b"CLIENT", b"TRACKING", b"ON"], "-ERR leafd supports CLIENT TRACKING only in OPTIN mode: its replies are new IDs and must never be served from a client-side cache\r\n"),
+        (&[b"HELLO", b"3", b"SETNAME"], "-ERR Syntax error in HELLO option 'SETNAME'\r\n"),
+        (&[b"COMMAND", b"NOPE"], "-ERR unknown subcommand 'NOPE'. Try COMMAND HELP.\r\n"),
+        (&[b"COMMAND", b"HELP", b"x"], "-ERR wrong number of arguments for 'command' command\r\n"),
+        (&[b"CONFIG", b"GET"], "-ERR wrong number of arguments for 'config|get' command\r\n"),
     ];
     for (command, expected) in cases {
         assert_eq!(&raw.send(&resp(command), 1).await, expected, "{command:?}");
@@ -51,6 +61,11 @@ async fn bad_commands_get_errors_and_the_connection_stays_usable() {
             "after {command:?}"
         );
     }
+    let help = raw.send(&resp(&[b"COMMAND", b"HELP"]), 4).await;
+    assert!(
+        help.starts_with("*3\r\n+COMMAND <subcommand> [<arg> ...]. Subcommands are:\r\n"),
+        "{help}"
+    );
     // The block and INCR after all that still come from the tag's segment.
     assert_eq!(
         raw.send(&resp(&[b"INCR", b"segment:order"]), 1).await,

@@ -8,27 +8,34 @@ use bytes::Bytes;
 use super::{lossy, not_an_integer, parse_i64, wrong_arity, Session};
 use crate::auth::{self, Role};
 use crate::context::Context;
-use crate::protocol::{Reply, RespVersion};
+use crate::protocol::{ArgCursor, Reply, RespVersion};
 
 /// The Redis version leafd reports, so clients enable the RESP3/HELLO features it implements.
 pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
 
 pub fn ping(args: &[&[u8]], _session: &Session) -> Reply {
-    match args.len() {
-        1 => Reply::Simple("PONG".into()),
-        2 => Reply::Bulk(Bytes::copy_from_slice(args[1])),
-        _ => wrong_arity("ping"),
+    let mut cursor = ArgCursor::new(args);
+    let message = cursor.optional();
+    if cursor.finish().is_err() {
+        return wrong_arity("ping");
+    }
+    match message {
+        None => Reply::Simple("PONG".into()),
+        Some(message) => Reply::Bulk(Bytes::copy_from_slice(message)),
     }
 }
 
-/// Checks a username/password pair and returns whether the user is an admin.
+/// Checks a username/password pair and returns whether the user is an admin. With no password
+/// configured every client is the `default` user already, as on redis-server 7: `AUTH default
+/// <anything>` succeeds, another user name is a wrong password.
 fn check_credentials(ctx: &Context, user: &[u8], pass: &[u8]) -> Result<bool, Reply> {
     let server = &ctx.config.server;
     if !server.auth_required() {
-        return Err(Reply::error(
-            "ERR AUTH <password> called without any password configured for the default user. \
-             Are you sure your configuration is correct?",
-        ));
+        return if user == b"default" {
+            Ok(false)
+        } else {
+            Err(Reply::error(auth::WRONGPASS))
+        };
     }
     match auth::authenticate(server, user, pass) {
         Some(role) => Ok(role == Role::Admin),
@@ -38,15 +45,21 @@ fn check_credentials(ctx: &Context, user: &[u8], pass: &[u8]) -> Result<bool, Re
 
 /// `AUTH <password>` or `AUTH <username> <password>`.
 pub fn auth(args: &[&[u8]], ctx: &Arc<Context>, session: &mut Session) -> Reply {
-    let result = match args.len() {
-        2 => check_credentials(ctx, b"default", args[1]),
-        3 => check_credentials(ctx, args[1], args[2]),
+    let mut cursor = ArgCursor::new(args);
+    let (first, second) = (cursor.optional(), cursor.optional());
+    let result = match (first, second, cursor.finish()) {
+        (Some(_), None, Ok(())) if !ctx.config.server.auth_required() => Err(Reply::error(
+            "ERR AUTH <password> called without any password configured for the default user. \
+             Are you sure your configuration is correct?",
+        )),
+        (Some(password), None, Ok(())) => check_credentials(ctx, b"default", password),
+        (Some(user), Some(password), Ok(())) => check_credentials(ctx, user, password),
         _ => return wrong_arity("auth"),
     };
     match result {
         Ok(admin) => {
             session.authenticated = true;
-            session.admin = admin;
+            session.admin = admin || (session.admin && !ctx.config.server.auth_required());
             Reply::ok()
         }
         Err(reply) => reply,
@@ -55,8 +68,9 @@ pub fn auth(args: &[&[u8]], ctx: &Arc<Context>, session: &mut Session) -> Reply 
 
 /// `HELLO [protover [AUTH username password] [SETNAME clientname]]`.
 pub fn hello(args: &[&[u8]], ctx: &Arc<Context>, session: &mut Session) -> Reply {
+    let mut cursor = ArgCursor::new(args);
     let mut protocol = session.protocol;
-    if let Some(version) = args.get(1) {
+    if let Some(version) = cursor.optional() {
         protocol = match parse_i64(version) {
             Ok(2) => RespVersion::Resp2,
             Ok(3) => RespVersion::Resp3,
@@ -67,28 +81,33 @@ pub fn hello(args: &[&[u8]], ctx: &Arc<Context>, session: &mut Session) -> Reply
         };
     }
     let mut name = None;
-    let mut i = 2;
-    while i < args.len() {
-        let option = &args[i];
-        if option.eq_ignore_ascii_case(b"auth") && i + 2 < args.len() {
-            match check_credentials(ctx, args[i + 1], args[i + 2]) {
-                Ok(admin) => session.admin = admin,
-                Err(reply) => return reply,
-            }
-            session.authenticated = true;
-            i += 3;
-        } else if option.eq_ignore_ascii_case(b"setname") && i + 1 < args.len() {
-            if let Err(reply) = validate_client_name(args[i + 1]) {
-                return reply;
-            }
-            name = Some(Bytes::copy_from_slice(args[i + 1]));
-            i += 2;
-        } else {
-            return Reply::error(format!(
+    let mut admin = None;
+    while let Some(option) = cursor.optional() {
+        let syntax_error = || {
+            Reply::error(format!(
                 "ERR Syntax error in HELLO option '{}'",
                 lossy(option)
-            ));
+            ))
+        };
+        if option.eq_ignore_ascii_case(b"auth") && cursor.remaining() >= 2 {
+            let (user, password) = (cursor.optional(), cursor.optional());
+            match check_credentials(ctx, user.unwrap_or_default(), password.unwrap_or_default()) {
+                Ok(is_admin) => admin = Some(is_admin),
+                Err(reply) => return reply,
+            }
+        } else if option.eq_ignore_ascii_case(b"setname") && cursor.remaining() >= 1 {
+            let given = cursor.optional().unwrap_or_default();
+            if let Err(reply) = validate_client_name(given) {
+                return reply;
+            }
+            name = Some(Bytes::copy_from_slice(given));
+        } else {
+            return syntax_error();
         }
+    }
+    if let Some(is_admin) = admin {
+        session.authenticated = true;
+        session.admin = is_admin || (session.admin && !ctx.config.server.auth_required());
     }
     if !session.authenticated {
         return Reply::error(
@@ -139,34 +158,61 @@ fn client_info_line(session: &Session) -> String {
 
 /// `CLIENT ID | SETNAME | GETNAME | SETINFO | INFO | LIST | NO-EVICT | NO-TOUCH | HELP`.
 pub fn client(args: &[&[u8]], session: &mut Session) -> Reply {
-    let sub = args[1].to_ascii_lowercase();
-    match (sub.as_slice(), args.len()) {
-        (b"id", 2) => Reply::Integer(session.id as i64),
-        (b"getname", 2) => session.name.clone().map(Reply::Bulk).unwrap_or(Reply::Null),
-        (b"setname", 3) => match validate_client_name(args[2]) {
-            Ok(()) => {
-                session.name = (!args[2].is_empty()).then(|| Bytes::copy_from_slice(args[2]));
-                Reply::ok()
+    let mut cursor = ArgCursor::new(args);
+    let Ok(sub) = cursor.next_keyword() else {
+        return wrong_arity("client");
+    };
+    // The subcommand fixes how many arguments follow: a wrong count is reported as such.
+    let arity_error = || wrong_arity(&format!("client|{}", String::from_utf8_lossy(&sub)));
+    let expected = match sub.as_slice() {
+        b"id" | b"getname" | b"info" | b"help" => Some(0),
+        b"setname" | b"no-evict" | b"no-touch" | b"caching" => Some(1),
+        b"setinfo" => Some(2),
+        b"tracking" if cursor.remaining() >= 1 => None,
+        b"tracking" => return arity_error(),
+        b"list" => None,
+        _ => {
+            return Reply::error(format!(
+                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+                lossy(args[1])
+            ))
+        }
+    };
+    if expected.is_some_and(|n| n != cursor.remaining()) {
+        return arity_error();
+    }
+    match sub.as_slice() {
+        b"id" => Reply::Integer(session.id as i64),
+        b"getname" => session.name.clone().map(Reply::Bulk).unwrap_or(Reply::Null),
+        b"setname" => {
+            let name = cursor.optional().unwrap_or_default();
+            match validate_client_name(name) {
+                Ok(()) => {
+                    session.name = (!name.is_empty()).then(|| Bytes::copy_from_slice(name));
+                    Reply::ok()
+                }
+                Err(reply) => reply,
             }
-            Err(reply) => reply,
-        },
-        (b"setinfo", 4) => {
-            let attr = args[2].to_ascii_lowercase();
-            match attr.as_slice() {
-                b"lib-name" => session.lib_name = Some(Bytes::copy_from_slice(args[3])),
-                b"lib-ver" => session.lib_ver = Some(Bytes::copy_from_slice(args[3])),
-                _ => return Reply::error(format!("ERR Unrecognized option '{}'", lossy(args[2]))),
+        }
+        b"setinfo" => {
+            let (attr, value) = (
+                cursor.optional().unwrap_or_default(),
+                cursor.optional().unwrap_or_default(),
+            );
+            match attr.to_ascii_lowercase().as_slice() {
+                b"lib-name" => session.lib_name = Some(Bytes::copy_from_slice(value)),
+                b"lib-ver" => session.lib_ver = Some(Bytes::copy_from_slice(value)),
+                _ => return Reply::error(format!("ERR Unrecognized option '{}'", lossy(attr))),
             }
             Reply::ok()
         }
-        (b"info", 2) => Reply::Verbatim(client_info_line(session)),
-        (b"list", _) => Reply::Verbatim(client_info_line(session)),
-        (b"no-evict" | b"no-touch", 3) => Reply::ok(),
-        (b"tracking", n) if n >= 3 => tracking(&args[2..]),
-        (b"caching", 3) => Reply::error(
+        b"info" | b"list" => Reply::Verbatim(client_info_line(session)),
+        b"no-evict" | b"no-touch" => Reply::ok(),
+        b"tracking" => tracking(cursor.rest()),
+        b"caching" => Reply::error(
             "ERR leafd replies are never cacheable: every INCR, SNOWFLAKE or GET snowflake is a new ID (use Do, not DoCache)",
         ),
-        (b"help", 2) => Reply::Array(
+        _ => Reply::Array(
             [
                 "CLIENT <subcommand> [<arg> ...]. Subcommands are:",
                 "ID, GETNAME, SETNAME <name>, SETINFO <LIB-NAME|LIB-VER> <value>,",
@@ -177,15 +223,6 @@ pub fn client(args: &[&[u8]], session: &mut Session) -> Reply {
             .map(|l| Reply::Simple(l.into()))
             .collect(),
         ),
-        (
-            b"id" | b"getname" | b"setname" | b"setinfo" | b"info" | b"no-evict" | b"no-touch"
-            | b"help" | b"tracking" | b"caching",
-            _,
-        ) => wrong_arity(&format!("client|{}", String::from_utf8_lossy(&sub))),
-        _ => Reply::error(format!(
-            "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-            lossy(args[1])
-        )),
     }
 }
 
@@ -194,14 +231,16 @@ pub fn client(args: &[&[u8]], session: &mut Session) -> Reply {
 /// ever be served from a client's cache. Tracking without OPTIN would let a client cache
 /// `GET snowflake` and hand out one ID many times: refused. `OFF` is accepted.
 fn tracking(args: &[&[u8]]) -> Reply {
-    let on = args[0].eq_ignore_ascii_case(b"on");
-    if args[0].eq_ignore_ascii_case(b"off") {
+    let Some((mode, options)) = args.split_first() else {
+        return Reply::error("ERR syntax error");
+    };
+    if mode.eq_ignore_ascii_case(b"off") {
         return Reply::ok();
     }
-    if !on {
+    if !mode.eq_ignore_ascii_case(b"on") {
         return Reply::error("ERR syntax error");
     }
-    if args[1..].iter().any(|a| a.eq_ignore_ascii_case(b"optin")) {
+    if options.iter().any(|a| a.eq_ignore_ascii_case(b"optin")) {
         return Reply::ok();
     }
     Reply::error(
@@ -211,7 +250,12 @@ fn tracking(args: &[&[u8]]) -> Reply {
 
 /// `SELECT 0`: leafd has one logical database.
 pub fn select(args: &[&[u8]]) -> Reply {
-    match parse_i64(args[1]) {
+    let mut cursor = ArgCursor::new(args);
+    let index = cursor.next_i64();
+    if cursor.finish().is_err() {
+        return wrong_arity("select");
+    }
+    match index {
         Ok(0) => Reply::ok(),
         Ok(_) => Reply::error("ERR DB index is out of range"),
         Err(_) => not_an_integer(),

@@ -10,7 +10,7 @@ use super::glob::Glob;
 use super::table::{self, CommandSpec, COMMANDS};
 use super::{lossy, wrong_arity};
 use crate::context::Context;
-use crate::protocol::Reply;
+use crate::protocol::{ArgCursor, Reply};
 
 fn command_info(spec: &CommandSpec) -> Reply {
     Reply::Array(vec![
@@ -42,10 +42,11 @@ fn command_docs(spec: &CommandSpec) -> Reply {
 
 /// `COMMAND`, `COMMAND COUNT`, `COMMAND INFO [name…]`, `COMMAND DOCS [name…]`, `COMMAND LIST`.
 pub fn command(args: &[&[u8]]) -> Reply {
-    let Some(sub) = args.get(1) else {
+    let mut cursor = ArgCursor::new(args);
+    let Some(sub) = cursor.optional() else {
         return Reply::Array(COMMANDS.iter().map(command_info).collect());
     };
-    let names = &args[2..];
+    let names = cursor.rest();
     let selected = || -> Vec<&'static CommandSpec> {
         if names.is_empty() {
             COMMANDS.iter().collect()
@@ -75,7 +76,17 @@ pub fn command(args: &[&[u8]]) -> Reply {
                 .map(|c| (Reply::bulk(c.name), command_docs(c)))
                 .collect(),
         ),
-        b"count" | b"list" => wrong_arity("command"),
+        b"help" if names.is_empty() => Reply::Array(
+            [
+                "COMMAND <subcommand> [<arg> ...]. Subcommands are:",
+                "(no subcommand): every command's details, COUNT, LIST,",
+                "INFO [<command-name> ...], DOCS [<command-name> ...], HELP",
+            ]
+            .into_iter()
+            .map(|l| Reply::Simple(l.into()))
+            .collect(),
+        ),
+        b"count" | b"list" | b"help" => wrong_arity("command"),
         _ => Reply::error(format!(
             "ERR unknown subcommand '{}'. Try COMMAND HELP.",
             lossy(sub)
@@ -85,7 +96,8 @@ pub fn command(args: &[&[u8]]) -> Reply {
 
 /// `INFO [section …]`: server, clients, stats, persistence, replication, leafd, keyspace.
 pub fn info(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
-    let wanted: Vec<String> = args[1..]
+    let wanted: Vec<String> = ArgCursor::new(args)
+        .rest()
         .iter()
         .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
         .collect();
@@ -193,14 +205,18 @@ pub fn time() -> Reply {
 
 /// `CONFIG GET <pattern> […]` over a harmless subset; `CONFIG SET` and friends are refused.
 pub fn config(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
-    let sub = args[1].to_ascii_lowercase();
-    if sub != b"get" {
+    let mut cursor = ArgCursor::new(args);
+    let Ok(sub) = cursor.next_bytes() else {
+        return wrong_arity("config");
+    };
+    if !sub.eq_ignore_ascii_case(b"get") {
         return Reply::error(format!(
             "ERR CONFIG {} is not supported by leafd; edit leafd.toml instead",
-            lossy(args[1]).to_ascii_uppercase()
+            lossy(sub).to_ascii_uppercase()
         ));
     }
-    if args.len() < 3 {
+    let names = cursor.rest();
+    if names.is_empty() {
         return wrong_arity("config|get");
     }
     let server = &ctx.config.server;
@@ -219,7 +235,7 @@ pub fn config(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
             if server.protected_mode { "yes" } else { "no" }.into(),
         ),
     ];
-    let patterns: Vec<Glob> = args[2..].iter().map(|p| Glob::new(p)).collect();
+    let patterns: Vec<Glob> = names.iter().map(|p| Glob::new(p)).collect();
     Reply::Map(
         params
             .iter()
@@ -233,7 +249,7 @@ pub fn config(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
 /// options are accepted and ignored (leafd has no dataset to save). As Redis, the client gets
 /// no reply: its connection closes.
 pub fn shutdown(args: &[&[u8]], ctx: &Arc<Context>, session: &mut crate::cmd::Session) -> Reply {
-    for arg in &args[1..] {
+    for arg in ArgCursor::new(args).rest() {
         let known = [&b"nosave"[..], b"save", b"now", b"force"]
             .iter()
             .any(|o| o.eq_ignore_ascii_case(arg));

@@ -48,6 +48,16 @@ impl<'a> ArgCursor<'a> {
         parse_i64(self.next_bytes()?)
     }
 
+    /// Every argument not taken yet (options a command scans as a list, patterns).
+    pub fn rest(self) -> &'a [&'a [u8]] {
+        self.rest
+    }
+
+    /// The next argument, lowercased for matching a subcommand or an option name.
+    pub fn next_keyword(&mut self) -> Result<Vec<u8>, ArgError> {
+        Ok(self.next_bytes()?.to_ascii_lowercase())
+    }
+
     /// Succeeds when every argument was taken.
     pub fn finish(self) -> Result<(), ArgError> {
         if self.rest.is_empty() {
