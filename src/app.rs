@@ -12,7 +12,7 @@ use crate::context::Context;
 use crate::coord::fence::FenceSettings;
 use crate::coord::fence_file::FenceFile;
 use crate::coord::static_id::StaticCoordinator;
-use crate::coord::zookeeper::{ZkCoordinator, ZkShared};
+use crate::coord::zookeeper::ZkCoordinator;
 use crate::coord::{self, CoordError, Coordinator, Worker};
 use crate::engine::segment::{validate_tag_name, MAX_TAG_START};
 use crate::engine::segment::{SegmentEngine, SegmentError, SegmentSettings};
@@ -195,7 +195,7 @@ impl App {
                 segments,
                 metrics,
                 started.engine,
-                started.zookeeper,
+                started.coordinator,
             )),
             worker: tokio::sync::Mutex::new(started.worker),
             background,
@@ -319,7 +319,8 @@ impl App {
 struct StartedSnowflake {
     engine: Option<Arc<SnowflakeEngine>>,
     worker: Option<Worker>,
-    zookeeper: Option<Arc<ZkShared>>,
+    /// The coordinator's link status, for INFO and metrics.
+    coordinator: Option<Arc<dyn coord::CoordinatorStatus>>,
 }
 
 /// Obtains the worker id from the configured coordinator, opens the time fence and builds
@@ -334,7 +335,6 @@ async fn start_snowflake(
         return Ok(StartedSnowflake::default());
     }
     let layout = snowflake_layout(sf);
-    let mut zookeeper = None;
     let coordinator: Box<dyn Coordinator> = match sf.coordinator {
         CoordinatorKind::Static => Box::new(StaticCoordinator {
             worker_id: sf.worker_id,
@@ -349,7 +349,6 @@ async fn start_snowflake(
                 clock: clock.clone(),
                 shared: Arc::default(),
             };
-            zookeeper = Some(zk.shared.clone());
             Box::new(zk)
         }
         CoordinatorKind::Database => {
@@ -401,6 +400,6 @@ async fn start_snowflake(
     Ok(StartedSnowflake {
         engine: Some(Arc::new(engine)),
         worker: Some(worker),
-        zookeeper,
+        coordinator: coordinator.status(),
     })
 }

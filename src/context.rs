@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::coord::zookeeper::ZkShared;
+use crate::coord::CoordinatorStatus;
 use crate::engine::segment::SegmentEngine;
 use crate::engine::snowflake::{Layout, SnowflakeEngine};
 use crate::metrics::Metrics;
@@ -33,8 +33,8 @@ pub struct Context {
     /// Empty when `snowflake.enabled = false`, and until the worker id is held (the database
     /// coordinator waits for a database that was down at start).
     snowflake: arc_swap::ArcSwapOption<SnowflakeEngine>,
-    /// The ZooKeeper registration's state, when the worker id comes from ZooKeeper.
-    pub zookeeper: Option<Arc<ZkShared>>,
+    /// The state of the coordinator's link to its service (ZooKeeper), when it has one.
+    pub coordinator: Option<Arc<dyn CoordinatorStatus>>,
     pub stats: ServerStats,
     pub started_at: Instant,
     storage_ready: AtomicBool,
@@ -54,7 +54,7 @@ impl Context {
         segments: Arc<SegmentEngine>,
         metrics: Arc<Metrics>,
         snowflake: Option<Arc<SnowflakeEngine>>,
-        zookeeper: Option<Arc<ZkShared>>,
+        coordinator: Option<Arc<dyn CoordinatorStatus>>,
     ) -> Context {
         Context {
             config,
@@ -62,7 +62,7 @@ impl Context {
             segments,
             metrics,
             snowflake: arc_swap::ArcSwapOption::new(snowflake),
-            zookeeper,
+            coordinator,
             stats: ServerStats::default(),
             started_at: Instant::now(),
             storage_ready: AtomicBool::new(false),
@@ -134,12 +134,13 @@ impl Context {
                     .set(((limit.lease_ms() as f64 - now) / 1000.0).max(0.0));
             }
         }
-        if let Some(zk) = &self.zookeeper {
-            m.gauge(ZOOKEEPER_CONNECTED, &[])
-                .set(zk.connected() as u8 as f64);
-            let now = SystemClock.now_millis();
-            m.gauge(ZOOKEEPER_LAST_REPORT_AGE_SECONDS, &[])
-                .set(now.saturating_sub(zk.last_report_ms()) as f64 / 1000.0);
+        if let Some(status) = &self.coordinator {
+            if let Some((connected, age)) = coordinator_metrics(status.kind()) {
+                m.gauge(connected, &[]).set(status.connected() as u8 as f64);
+                let now = SystemClock.now_millis();
+                m.gauge(age, &[])
+                    .set(now.saturating_sub(status.last_report_ms()) as f64 / 1000.0);
+            }
         }
         m.render()
     }

@@ -14,6 +14,7 @@ use leafd::clock::{Clock, OffsetClock, SystemClock};
 use leafd::config::{CoordinatorKind, ZookeeperConfig};
 use leafd::coord::zookeeper::{self, ZkWorker};
 use leafd::coord::CoordError;
+use leafd::coord::CoordinatorStatus;
 use leafd::engine::snowflake::Layout;
 
 const MAX_WORKER_ID: u64 = 1023;

@@ -175,13 +175,14 @@ pub fn info(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
                 st.clock_backward_events.load(Ordering::Relaxed),
             );
         }
-        if let Some(zk) = &ctx.zookeeper {
+        if let Some(status) = &ctx.coordinator {
             let age = crate::clock::Clock::now_millis(&crate::clock::SystemClock)
-                .saturating_sub(zk.last_report_ms());
+                .saturating_sub(status.last_report_ms());
+            let kind = status.kind();
             let _ = write!(
                 out,
-                "zookeeper_connected:{}\r\nzookeeper_last_report_age_ms:{age}\r\n",
-                zk.connected() as u8
+                "{kind}_connected:{}\r\n{kind}_last_report_age_ms:{age}\r\n",
+                status.connected() as u8
             );
         }
         out.push_str("\r\n");

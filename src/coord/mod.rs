@@ -65,12 +65,26 @@ pub trait HeldWorker: Send + Sync {
     async fn close(self: Box<Self>, last_issued_ms: Option<u64>);
 }
 
+/// What a coordinator with a link to a service tells operators (INFO, `/metrics`).
+pub trait CoordinatorStatus: Send + Sync {
+    /// The coordinator's name: INFO shows `<kind>_connected` and `<kind>_last_report_age_ms`.
+    fn kind(&self) -> &'static str;
+    /// Whether the link to the service is up now.
+    fn connected(&self) -> bool;
+    /// Clock time (UNIX ms) of the last report the service accepted.
+    fn last_report_ms(&self) -> u64;
+}
+
 /// Where worker ids come from. An implementation sets the lease part of the limit it is given
 /// (how long the id is surely this node's) and keeps it up to date; [`start`] adds the fence.
 #[async_trait]
 pub trait Coordinator: Send + Sync {
     /// `static`, `zookeeper`, …: for logs, INFO and `check-config`.
     fn kind(&self) -> &'static str;
+    /// The state of its link to a service, for INFO and metrics; `None` without one.
+    fn status(&self) -> Option<Arc<dyn CoordinatorStatus>> {
+        None
+    }
     async fn acquire(&self, limit: Arc<IssueLimit>) -> Result<Box<dyn HeldWorker>, CoordError>;
 }
 

@@ -25,6 +25,15 @@ pub const SNOWFLAKE_WORKER_ID: &str = "leafd_snowflake_worker_id";
 pub const ZOOKEEPER_CONNECTED: &str = "leafd_zookeeper_connected";
 pub const ZOOKEEPER_LAST_REPORT_AGE_SECONDS: &str = "leafd_zookeeper_last_report_age_seconds";
 
+/// The two gauges of a coordinator's link (connected, seconds since the last report), by the
+/// coordinator's kind.
+pub fn coordinator_metrics(kind: &str) -> Option<(&'static str, &'static str)> {
+    match kind {
+        "zookeeper" => Some((ZOOKEEPER_CONNECTED, ZOOKEEPER_LAST_REPORT_AGE_SECONDS)),
+        _ => None,
+    }
+}
+
 /// The help text of every metric, shown as `# HELP` on `/metrics`.
 pub(super) const DESCRIPTIONS: &[(&str, &str)] = &[
     (

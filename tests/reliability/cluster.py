@@ -25,6 +25,7 @@ error replies, commands lost and re-sent, the longest gap, the slowest requests 
 waited on) and each graceful stop's time.
 """
 import argparse
+import array
 import collections
 import contextlib
 import csv
@@ -54,6 +55,7 @@ CLIENTS = 16
 BATCH = [leafd.INCR, leafd.SNOWFLAKE] * 4  # one pipeline: 8 commands, both kinds
 PAUSE = 0.005              # between a client's pipelines: 2 cores run 4 nodes, HAProxy, MariaDB and us
 READ_TIMEOUT = 1.0         # a reply (or connect) slower than this counts as lost and is re-sent
+NOTABLE = 0.02             # a pipeline slower than this is kept with its details
 GIVE_UP = 10.0             # a request unanswered this long, re-sends included, fails the run
 # A node's drain: idle connections are closed at once, in-flight commands finish; the nodes'
 # shutdown_timeout_secs is 2 (leafd.Node), so a stop past 3 s is a hang.
@@ -147,6 +149,7 @@ def make_nodes(binary, work, url, count, config):
     worker id, segment marks), each with its own RESP port and a fixed HTTP port (HAProxy and
     the readiness polls need it before the node starts)."""
     first = leafd.Node(binary, work, "node1", url, config=config, http_bind="127.0.0.1:0")
+    first.log_path = os.path.join(first.dir, "node1.log")  # twins log to <name>.log beside it
     nodes = [first] + [first.twin(f"node{i}") for i in range(2, count + 1)]
     for node in nodes:
         node.port, node.http_port = port(), port()
@@ -248,7 +251,7 @@ def start_round(binary, dialect, round_no, work):
             raise Failure(f"{dialect} round {round_no}: worker ids per node {workers}")
         for node in nodes:
             stop_gracefully(node)
-        return max(ready.values()), len(segment), len(snowflake), sorted(held)
+        return max(ready.values()), len(segment) + len(snowflake), sorted(held), log_warnings(nodes)
     finally:
         leafd.stop_all(nodes)
         db.drop()
@@ -256,16 +259,19 @@ def start_round(binary, dialect, round_no, work):
 
 def simultaneous_starts(binary, work):
     for dialect in ("mysql", "postgres", "sqlite"):
-        times, ids, workers = [], 0, set()
+        times, ids, workers, warnings = [], 0, set(), collections.Counter()
         for round_no in range(1, START_ROUNDS + 1):
-            took, segment, snowflake, held = start_round(binary, dialect, round_no, work)
+            took, served, held, logged = start_round(binary, dialect, round_no, work)
             times.append(took)
-            ids += segment + snowflake
+            ids += served
             workers.update(held)
+            warnings += logged
         print(f"simultaneous starts {dialect:8}: {START_ROUNDS} rounds, "
               f"{START_NODES * START_ROUNDS}/{START_NODES * START_ROUNDS} nodes up, all ready in "
-              f"{' / '.join(f'{t:.2f}' for t in times)} s, {ids} IDs distinct, worker ids {sorted(workers)}",
-              flush=True)
+              f"{' / '.join(f'{t:.2f}' for t in times)} s, {ids} IDs distinct, worker ids {sorted(workers)}, "
+              f"log warnings/errors {sum(warnings.values())}", flush=True)
+        for line, n in warnings.most_common(5):
+            print(f"  {n} x {line}")
 
 
 # --- part 2: behind HAProxy ---------------------------------------------------------------------
@@ -395,9 +401,12 @@ class Client(threading.Thread):
     def __init__(self, n, port, stop, node_of_port):
         super().__init__(daemon=True, name=f"client-{n}")
         self.port, self.stop_event, self.node_of_port = port, stop, node_of_port
-        self.segment, self.snowflake = [], []
-        self.answered = []          # monotonic time of each reply with an ID
-        self.requests = []          # Request, one per pipeline
+        # Arrays, not lists of objects: hundreds of thousands of tracked objects would make the
+        # collector's full passes stall every client thread (the GIL) for tens of milliseconds.
+        self.segment, self.snowflake = array.array("q"), array.array("q")
+        self.answered = array.array("d")   # monotonic time of each reply with an ID
+        self.took = array.array("d")       # seconds per pipeline, re-sends included
+        self.notable = []                  # Request: those with a loss or slower than NOTABLE
         self.errors = []            # (time, node, reply)
         self.unexpected = []
         self.order_violations = []
@@ -462,7 +471,9 @@ class Client(threading.Thread):
                         conn, node = None, None
                 request.took = time.monotonic() - request.started
                 request.node = node
-                self.requests.append(request)
+                self.took.append(request.took)
+                if request.losses or request.took > NOTABLE:
+                    self.notable.append(request)
                 self.stop_event.wait(PAUSE)
         finally:
             if conn is not None:
@@ -482,10 +493,35 @@ class Client(threading.Thread):
         return "?"
 
 
+class Stalls(threading.Thread):
+    """Sleeps 2 ms in a loop and keeps every wake-up later than STALL: times this script itself
+    was not running (CPU taken by other processes, the GIL held). A slow request that overlaps
+    one was (at least partly) waiting on the client, not on HAProxy or leafd."""
+
+    STALL = 0.02
+
+    def __init__(self, stop):
+        super().__init__(daemon=True, name="stalls")
+        self.stop_event, self.seen = stop, []  # (start, seconds)
+
+    def run(self):
+        before = time.monotonic()
+        while not self.stop_event.is_set():
+            time.sleep(0.002)
+            now = time.monotonic()
+            if now - before > self.STALL:
+                self.seen.append((before, now - before - 0.002))
+            before = now
+
+    def during(self, start, end):
+        """Seconds of stall within [start, end]."""
+        return sum(max(0.0, min(end, t + d) - max(start, t)) for t, d in self.seen)
+
+
 def behind_haproxy(binary, work):
     db = Database("mysql", f"leafd_cluster_{os.getpid()}_haproxy", work)
     nodes, proxy, clients, stop = [], None, [], threading.Event()
-    events = []  # (monotonic time, what)
+    run = {"events": [], "graceful": []}  # what happened, for the report
     try:
         config = {"segment.tags": [{"tag": TAG, "step": 1000}]}
         nodes = make_nodes(binary, os.path.join(work, "haproxy-nodes"), db.url, 4, config)
@@ -499,63 +535,22 @@ def behind_haproxy(binary, work):
 
         node_of_port = {n.port: n.name for n in nodes}
         clients = [Client(i, proxy.port, stop, node_of_port) for i in range(CLIENTS)]
-        began = time.monotonic()
+        stalls = Stalls(stop)
+        run["began"], run["began_wall"] = time.monotonic(), time.time()
+        stalls.start()
         for c in clients:
             c.start()
-
-        def event(what):
-            events.append((time.monotonic(), what))
-
-        def check_alive():
-            for n in nodes:
-                if n.died() is not None:
-                    raise Failure(f"{n.name} exited with status {n.died()} on its own\n{n.log_tail()}")
-            gave_up = [c.gave_up for c in clients if c.gave_up]
-            if gave_up:
-                raise Failure(f"a client gave up: {gave_up[0]}")
-
-        def restart(node, why):
-            node.start()
-            since = time.monotonic()
-            wait_ready([node], 30, since)
-            up = proxy.wait_status(node.name, "UP")
-            event(f"{node.name} {why}: ready after {time.monotonic() - since:.2f} s, HAProxy UP")
-            return up
-
-        graceful = []
-        time.sleep(WARM)
-        for node in nodes[:3]:  # rolling restart
-            check_alive()
-            event(f"{node.name} SIGTERM")
-            took = stop_gracefully(node)
-            graceful.append((node.name, took))
-            event(f"{node.name} exited 0 after {took:.3f} s")
-            restart(node, "restarted")
-            time.sleep(BETWEEN)
-        check_alive()
-        event(f"{nodes[3].name} started (4th node)")
-        restart(nodes[3], "added")
-        time.sleep(BETWEEN)
-        check_alive()
-        victim = nodes[1]
-        killed = time.monotonic()
-        event(f"{victim.name} SIGKILL")
-        victim.kill()
-        marked_down = None
-        restart(victim, "restarted after SIGKILL")
-        marked_down = proxy.first_change(victim.name, "DOWN", killed)
-        time.sleep(TAIL)
-        check_alive()
+        scenario(nodes, proxy, clients, run)
         stop.set()
-        ended = time.monotonic()
+        run["ended"] = time.monotonic()
         for c in clients:
             c.join(GIVE_UP + 5)
         if any(c.is_alive() for c in clients):
             raise Failure("a client is still waiting after the run")
-        check_alive()
+        check_alive(nodes, clients)
         for node in nodes:
-            graceful.append((f"{node.name} (end)", stop_gracefully(node)))
-        report(clients, events, graceful, began, ended, proxy, killed, marked_down, victim.name)
+            run["graceful"].append((f"{node.name} (end)", stop_gracefully(node)))
+        report(clients, stalls, proxy, run, log_warnings(nodes))
     finally:
         stop.set()
         for c in clients:
@@ -566,15 +561,64 @@ def behind_haproxy(binary, work):
         db.drop()
 
 
-def report(clients, events, graceful, began, ended, proxy, killed, marked_down, victim):
-    segment = [i for c in clients for i in c.segment]
-    snowflake = [i for c in clients for i in c.snowflake]
-    seg_repeats = len(segment) - len(set(segment))
-    sf_repeats = len(snowflake) - len(set(snowflake))
+def check_alive(nodes, clients):
+    for n in nodes:
+        if n.died() is not None:
+            raise Failure(f"{n.name} exited with status {n.died()} on its own\n{n.log_tail()}")
+    gave_up = [c.gave_up for c in clients if c.gave_up]
+    if gave_up:
+        raise Failure(f"a client gave up: {gave_up[0]}")
+
+
+def scenario(nodes, proxy, clients, run):
+    """While the clients run: rolling restart of nodes 1-3, node 4 added, node 2 SIGKILLed and
+    started again at once. Each start waits for /ready and for HAProxy to have the node UP, as
+    a careful rolling restart would before touching the next node."""
+    def event(what):
+        run["events"].append((time.monotonic(), what))
+
+    def start(node, why):
+        node.start()
+        since = time.monotonic()
+        wait_ready([node], 30, since)
+        proxy.wait_status(node.name, "UP")
+        event(f"{node.name} {why}: ready after {time.monotonic() - since:.2f} s, HAProxy UP")
+
+    time.sleep(WARM)
+    for node in nodes[:3]:
+        check_alive(nodes, clients)
+        event(f"{node.name} SIGTERM")
+        took = stop_gracefully(node)
+        run["graceful"].append((node.name, took))
+        event(f"{node.name} exited 0 after {took:.3f} s")
+        start(node, "restarted")
+        time.sleep(BETWEEN)
+    check_alive(nodes, clients)
+    event(f"{nodes[3].name} started (4th node)")
+    start(nodes[3], "added")
+    time.sleep(BETWEEN)
+    check_alive(nodes, clients)
+    victim = nodes[1]
+    run["killed"], run["victim"] = time.monotonic(), victim.name
+    event(f"{victim.name} SIGKILL")
+    victim.kill()
+    start(victim, "restarted after SIGKILL")
+    time.sleep(TAIL)
+    check_alive(nodes, clients)
+
+
+def report(clients, stalls, proxy, run, warnings):
+    """Prints the figures; Failure with every broken check."""
+    began, ended, events = run["began"], run["ended"], run["events"]
+    segment = array.array("q", sorted(i for c in clients for i in c.segment))
+    snowflake = array.array("q", sorted(i for c in clients for i in c.snowflake))
+    seg_repeats = sum(1 for a, b in zip(segment, segment[1:]) if a == b)
+    sf_repeats = sum(1 for a, b in zip(snowflake, snowflake[1:]) if a == b)
     errors = sorted(e for c in clients for e in c.errors)
     unexpected = [u for c in clients for u in c.unexpected]
     order = [o for c in clients for o in c.order_violations]
-    requests = sorted((r for c in clients for r in c.requests), key=lambda r: r.took)
+    took = sorted(t for c in clients for t in c.took)
+    notable = sorted((r for c in clients for r in c.notable), key=lambda r: r.took)
     losses = sum((c.losses for c in clients), collections.Counter())
     resent = sum(c.resent for c in clients)
     answered = sorted(t for c in clients for t in c.answered)
@@ -589,23 +633,22 @@ def report(clients, events, graceful, began, ended, proxy, killed, marked_down, 
     def at(t):
         return f"t={t - began:6.3f}s"
 
-    print("events:")
-    for t, what in events:
-        print(f"  {at(t)}  {what}")
-    with proxy.lock:
-        changes = [(t, s, st) for t, s, st in proxy.changes if t >= began]
-    print("HAProxy status changes: " + ", ".join(f"{at(t)} {s} {st}" for t, s, st in changes))
-    print(f"HAProxy marked {victim} DOWN "
-          + (f"{(marked_down - killed) * 1000:.0f} ms after its SIGKILL" if marked_down else
-             "(not seen: the restart beat the 20 ms stats poll)"))
-    took = [r.took for r in requests]
-    clean = sorted(r.took for r in requests if not r.losses)
-
     def pct(values, p):
         return values[min(len(values) - 1, int(len(values) * p))] * 1000 if values else 0.0
 
+    print(f"behind HAProxy: events (t=0 at {time.strftime('%H:%M:%S', time.gmtime(run['began_wall']))}"
+          f".{int(run['began_wall'] % 1 * 1000):03d} UTC, as in the node logs):")
+    for t, what in events:
+        print(f"  {at(t)}  {what}")
+    with proxy.lock:
+        changes = [(t, s, st) for t, s, st in proxy.changes if began <= t <= ended]
+    print("HAProxy status changes: " + ", ".join(f"{at(t)} {s} {st}" for t, s, st in changes))
+    marked_down = proxy.first_change(run["victim"], "DOWN", run["killed"])
+    print(f"HAProxy marked {run['victim']} DOWN "
+          + (f"{(marked_down - run['killed']) * 1000:.0f} ms after its SIGKILL" if marked_down else
+             "(not seen: the restart beat the 20 ms stats poll)"))
     print(f"IDs: {len(segment)} segment + {len(snowflake)} snowflake in {ended - began:.1f} s, "
-          f"{len(requests)} pipelines of {len(BATCH)} by {len(clients)} clients over "
+          f"{len(took)} pipelines of {len(BATCH)} by {len(clients)} clients over "
           f"{sum(c.connections for c in clients)} connections")
     print(f"repeats: segment {seg_repeats}, snowflake {sf_repeats}; order violations {len(order)}; "
           f"error replies {len(errors)}; unexpected replies {len(unexpected)}")
@@ -614,15 +657,29 @@ def report(clients, events, graceful, began, ended, proxy, killed, marked_down, 
     print(f"lost and re-sent: {resent} commands, {sum(losses.values())} connections lost: "
           + (", ".join(f"{n} {why} x{k}" for (n, why), k in sorted(losses.items(), key=str)) or "none"))
     print(f"latency per pipeline (re-sends included): p50 {pct(took, 0.5):.1f} ms, p99 {pct(took, 0.99):.1f} ms, "
-          f"p99.9 {pct(took, 0.999):.1f} ms, max {took[-1] * 1000 if took else 0:.1f} ms; "
-          f"without a loss: p99.9 {pct(clean, 0.999):.1f} ms, max {clean[-1] * 1000 if clean else 0:.1f} ms")
+          f"p99.9 {pct(took, 0.999):.1f} ms, max {pct(took, 1):.1f} ms")
+    lossy = [r for r in notable if r.losses]
+    if lossy:
+        r = lossy[-1]
+        print(f"slowest request with a loss: {r.took * 1000:.1f} ms ({len(lossy)} requests had one), "
+              f"losses {r.losses}, answered by {r.node}")
+    print(f"client process stalls (a 2 ms sleep woke > {Stalls.STALL * 1000:.0f} ms late): {len(stalls.seen)}, "
+          f"longest {max((d for t, d in stalls.seen), default=0) * 1000:.1f} ms; "
+          f"load average {os.getloadavg()[0]:.2f}")
     print("slowest requests:")
-    for r in reversed(requests[-5:]):
+    for r in reversed(notable[-5:]):
         near = min(events, key=lambda e: abs(e[0] - r.started))
+        stalled = stalls.during(r.started, r.started + r.took)
         print(f"  {r.took * 1000:7.1f} ms  {r.client} from {at(r.started)} answered by {r.node}; "
-              f"losses {r.losses or 'none'}; nearest event {at(near[0])} {near[1]}")
-    print(f"longest gap with no ID answered: {gap * 1000:.1f} ms from {at(gap_at) if gap_at else '-'}")
-    print("graceful stops (SIGTERM -> exit 0): " + ", ".join(f"{n} {t:.3f} s" for n, t in graceful))
+              f"losses {r.losses or 'none'}; client stalled {stalled * 1000:.0f} ms of it; "
+              f"nearest event {at(near[0])} {near[1]}")
+    gap_stalled = stalls.during(gap_at, gap_at + gap) if gap_at else 0.0
+    print(f"longest gap with no ID answered: {gap * 1000:.1f} ms from {at(gap_at) if gap_at else '-'} "
+          f"(client stalled {gap_stalled * 1000:.0f} ms of it)")
+    print("graceful stops (SIGTERM -> exit 0): " + ", ".join(f"{n} {t:.3f} s" for n, t in run["graceful"]))
+    print(f"node log warnings/errors: {sum(warnings.values())}")
+    for line, n in warnings.most_common(8):
+        print(f"  {n} x {line}")
 
     failures = []
     if seg_repeats or sf_repeats:
@@ -647,6 +704,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("binary")
     parser.add_argument("--only", choices=["starts", "haproxy"], action="append")
+    parser.add_argument("--keep", action="store_true", help="keep the logs (a temporary directory)")
     args = parser.parse_args()
     binary = os.path.abspath(args.binary)
     only = set(args.only or ["starts", "haproxy"])
@@ -662,10 +720,10 @@ def main():
     except (Failure, leafd.NodeError, RuntimeError) as e:
         print(f"FAIL: {e}", file=sys.stderr)
     finally:
-        if ok:
+        if ok and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
-            print(f"logs kept in {work}", file=sys.stderr)
+            print(f"logs kept in {work}", file=sys.stderr if not ok else sys.stdout)
     print(f"cluster.py {'passed' if ok else 'FAILED'} in {time.monotonic() - started:.1f} s")
     sys.exit(0 if ok else 1)
 

@@ -24,13 +24,17 @@ pub struct ZkShared {
     last_report_ms: AtomicU64,
 }
 
-impl ZkShared {
-    pub fn connected(&self) -> bool {
+impl super::CoordinatorStatus for ZkShared {
+    fn kind(&self) -> &'static str {
+        "zookeeper"
+    }
+
+    fn connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
     }
 
     /// Clock time of the last successful time report (or of the start from the cache).
-    pub fn last_report_ms(&self) -> u64 {
+    fn last_report_ms(&self) -> u64 {
         self.last_report_ms.load(Ordering::Relaxed)
     }
 }
@@ -89,6 +93,10 @@ pub struct ZkCoordinator {
 impl Coordinator for ZkCoordinator {
     fn kind(&self) -> &'static str {
         "zookeeper"
+    }
+
+    fn status(&self) -> Option<Arc<dyn super::CoordinatorStatus>> {
+        Some(self.shared.clone())
     }
 
     async fn acquire(&self, limit: Arc<IssueLimit>) -> Result<Box<dyn HeldWorker>, CoordError> {
