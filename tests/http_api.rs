@@ -364,3 +364,88 @@ async fn without_users_the_admin_endpoints_are_open_like_leaf_tag() {
     );
     server.stop().await;
 }
+
+/// What a newcomer poking at the API meets: HEAD never consumes an ID, a PATCH with one bad
+/// value changes nothing, 0 is no snowflake ID, an absurd tag is not echoed in full, and a
+/// wrong path or method says so in its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_edges_answer_clearly_and_change_nothing() {
+    let server = server().await;
+    let client = reqwest::Client::new();
+    assert_eq!(
+        get(&server, "/api/segment/get/web", None).await,
+        (200, "1".into())
+    );
+    for _ in 0..3 {
+        let head = client
+            .head(server.http_url("/api/segment/get/web"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(head.status().as_u16(), 405);
+        assert_eq!(head.headers()["allow"], "GET");
+    }
+    assert_eq!(
+        get(&server, "/api/segment/get/web", None).await,
+        (200, "2".into()),
+        "HEAD consumed no ID"
+    );
+
+    let patch = |body: &'static str| {
+        client
+            .patch(server.http_url("/api/segment/tags/web"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let refused = patch(r#"{"step":7777,"skip":-5}"#).await.unwrap();
+    assert_eq!(refused.status().as_u16(), 400);
+    assert_eq!(
+        refused.text().await.unwrap(),
+        "skip must be a positive number of IDs\n"
+    );
+    let rows = server.app.segments.store().list().await.unwrap();
+    let web = rows.iter().find(|r| r.tag == "web").unwrap();
+    assert_eq!(web.step, 100, "the step did not change");
+
+    assert_eq!(
+        get(&server, "/decode/0", None).await,
+        (
+            400,
+            "'0' is not a snowflake ID (a positive 64-bit integer)\n".into()
+        )
+    );
+    let mut raw = server.raw().await;
+    assert_eq!(
+        raw.send(&resp(&[b"LEAF.DECODE", b"0"]), 1).await,
+        "-ERR a snowflake ID is a positive integer\r\n"
+    );
+
+    let long = "t".repeat(5000);
+    let (status, body) = get(&server, &format!("/api/segment/get/{long}"), None).await;
+    assert_eq!(status, 404);
+    assert!(body.len() < 200, "{} bytes", body.len());
+    assert!(
+        body.starts_with(&format!("unknown tag '{}…'", "t".repeat(128))),
+        "{body}"
+    );
+
+    assert_eq!(
+        get(&server, "/nope", None).await,
+        (
+            404,
+            "no such path: /nope (see the README's HTTP section)\n".into()
+        )
+    );
+    let wrong = client
+        .delete(server.http_url("/api/segment/get/web"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status().as_u16(), 405);
+    assert_eq!(
+        wrong.text().await.unwrap(),
+        "method DELETE is not allowed on this path\n"
+    );
+    server.stop().await;
+}

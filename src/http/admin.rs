@@ -79,6 +79,19 @@ pub(super) async fn update_tag(
             "give \"step\" or \"skip\"\n".into(),
         );
     }
+    // Every value is checked before anything changes: a bad skip must not leave a new step.
+    let checked = change
+        .step
+        .map_or(Ok(()), |step| ctx.segments.validate_step(step))
+        .and_then(|()| match change.skip {
+            Some(n) if n < 1 => Err(crate::engine::segment::SegmentError::Invalid(
+                "skip must be a positive number of IDs".into(),
+            )),
+            _ => Ok(()),
+        });
+    if let Err(e) = checked {
+        return text(segment_status(&e), format!("{e}\n"));
+    }
     if let Some(step) = change.step {
         if let Err(e) = ctx.segments.set_step(&tag, step).await {
             return text(segment_status(&e), format!("{e}\n"));

@@ -83,13 +83,41 @@ pub fn router(ctx: Arc<Context>) -> Router {
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
-        .route("/api/segment/get/{tag}", get(segment_id))
-        .route("/api/snowflake/get/{key}", get(snowflake_id))
+        // HEAD would run the GET handler and consume an ID for nothing.
+        .route("/api/segment/get/{tag}", get(segment_id).head(no_head))
+        .route("/api/snowflake/get/{key}", get(snowflake_id).head(no_head))
         .route("/decode/{id}", get(decode))
         .route("/cache", get(cache))
         .route("/api/segment/tags", post(create_tag))
         .route("/api/segment/tags/{tag}", patch(update_tag))
+        .fallback(not_found)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(ctx)
+}
+
+async fn no_head() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(axum::http::header::ALLOW, "GET")],
+    )
+        .into_response()
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    let shown: String = path.chars().take(128).collect();
+    let cut = if shown.len() < path.len() { "…" } else { "" };
+    text(
+        StatusCode::NOT_FOUND,
+        format!("no such path: {shown}{cut} (see the README's HTTP section)\n"),
+    )
+}
+
+async fn wrong_method(method: axum::http::Method) -> Response {
+    text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} is not allowed on this path\n"),
+    )
 }
 
 fn text(status: StatusCode, body: String) -> Response {

@@ -666,7 +666,11 @@ def report(clients, stalls, proxy, run, warnings):
     print(f"client process stalls (a 2 ms sleep woke > {Stalls.STALL * 1000:.0f} ms late): {len(stalls.seen)}, "
           f"longest {max((d for t, d in stalls.seen), default=0) * 1000:.1f} ms; "
           f"load average {os.getloadavg()[0]:.2f}")
-    print("slowest requests:")
+    # Only pipelines slower than NOTABLE were kept with their times: the others are within it.
+    net_slowest = max((r.took - stalls.during(r.started, r.started + r.took) for r in notable),
+                      default=took[-1] if took else 0.0)
+    print(f"slowest request: {pct(took, 1):.1f} ms, {net_slowest * 1000:.1f} ms net of client stalls "
+          f"(bound {LATENCY_BOUND * 1000:.0f} ms); the five slowest:")
     for r in reversed(notable[-5:]):
         near = min(events, key=lambda e: abs(e[0] - r.started))
         stalled = stalls.during(r.started, r.started + r.took)
@@ -692,10 +696,14 @@ def report(clients, stalls, proxy, run, warnings):
         failures.append(f"{len(order)} order violations, e.g. {order[:3]}")
     if not segment or not snowflake:
         failures.append("no IDs of one kind were served")
-    if took and took[-1] > LATENCY_BOUND:
-        failures.append(f"slowest request {took[-1] * 1000:.0f} ms > {LATENCY_BOUND * 1000:.0f} ms")
-    if gap > LATENCY_BOUND:
-        failures.append(f"longest gap with no ID {gap * 1000:.0f} ms > {LATENCY_BOUND * 1000:.0f} ms")
+    # Judged net of the time this script itself was not running: a client that was not
+    # scheduled cannot read a reply that waits for it.
+    if net_slowest > LATENCY_BOUND:
+        failures.append(f"a request waited {net_slowest * 1000:.0f} ms (its client stalled for the rest) "
+                        f"> {LATENCY_BOUND * 1000:.0f} ms")
+    if gap - gap_stalled > LATENCY_BOUND:
+        failures.append(f"longest gap with no ID {gap * 1000:.0f} ms ({gap_stalled * 1000:.0f} ms of it the "
+                        f"client stalled) > {LATENCY_BOUND * 1000:.0f} ms")
     if failures:
         raise Failure("behind HAProxy: " + "; ".join(failures))
 

@@ -39,7 +39,7 @@ pub struct SegmentSettings {
 /// Errors a caller of the engine can get; the RESP and HTTP layers map them to replies.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SegmentError {
-    #[error("unknown tag '{0}'")]
+    #[error("unknown tag '{}'", shown(.0))]
     UnknownTag(String),
     /// Both buffers are used up and no segment could be loaded; `reason` starts with
     /// "database unreachable" only when the database did not answer.
@@ -56,6 +56,16 @@ pub enum SegmentError {
     Invalid(String),
     #[error("storage error: {0}")]
     Storage(String),
+}
+
+/// A tag name as an error message shows it: a name longer than any tag can be (a client that
+/// sent a whole document as a key) is cut, so the reply stays short.
+fn shown(tag: &str) -> std::borrow::Cow<'_, str> {
+    const SHOWN: usize = 128;
+    match tag.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &tag[..cut]).into(),
+        None => tag.into(),
+    }
 }
 
 impl From<StoreError> for SegmentError {

@@ -179,7 +179,7 @@ impl SegmentEngine {
         Ok(self.store.set_step(tag, step).await?)
     }
 
-    fn validate_step(&self, step: i64) -> Result<(), SegmentError> {
+    pub fn validate_step(&self, step: i64) -> Result<(), SegmentError> {
         if !(1..=self.settings.max_step).contains(&step) {
             return Err(SegmentError::Invalid(format!(
                 "step must be between 1 and {}",

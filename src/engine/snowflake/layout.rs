@@ -75,8 +75,9 @@ impl Layout {
     }
 
     /// Unpacks an ID; `None` for a negative number, which no layout produces.
+    /// The fields of `id`; `None` unless it is positive (0 is no ID any layout issues).
     pub fn decode(&self, id: i64) -> Option<Decoded> {
-        if id < 0 {
+        if id <= 0 {
             return None;
         }
         let id = id as u64;
