@@ -86,6 +86,14 @@ impl Context {
             .absolute(stats.total_connections.load(Ordering::Relaxed));
         m.counter(CONNECTIONS_REJECTED_TOTAL, &[])
             .absolute(stats.rejected_connections.load(Ordering::Relaxed));
+        m.gauge(
+            BUILD_INFO,
+            &[
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", env!("LEAFD_COMMIT")),
+            ],
+        )
+        .set(1.0);
         m.gauge(STORAGE_READY, &[])
             .set(self.storage_ready() as u8 as f64);
         m.counter(SEGMENT_REQUEST_WAITS_TOTAL, &[])
@@ -123,6 +131,17 @@ impl Context {
                 .absolute(st.clock_backward_events.load(Ordering::Relaxed));
             m.gauge(SNOWFLAKE_WORKER_ID, &[])
                 .set(engine.worker_id() as f64);
+            let worker = engine.worker_id().to_string();
+            let coordinator = match self.config.snowflake.coordinator {
+                crate::config::CoordinatorKind::Database => "database",
+                crate::config::CoordinatorKind::Zookeeper => "zookeeper",
+                crate::config::CoordinatorKind::Static => "static",
+            };
+            m.gauge(
+                SNOWFLAKE_WORKER_INFO,
+                &[("worker_id", worker.as_str()), ("coordinator", coordinator)],
+            )
+            .set(1.0);
             let now = SystemClock.now_millis() as f64;
             let limit = engine.limit();
             m.gauge(SNOWFLAKE_FENCE_AHEAD_SECONDS, &[])

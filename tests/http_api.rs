@@ -105,6 +105,11 @@ async fn metrics_page_has_the_design_metrics() {
         .arg("segment:missing")
         .query_async::<i64>(&mut con)
         .await;
+    for _ in 0..2 {
+        let _ = redis::cmd("NOSUCHCOMMAND")
+            .query_async::<i64>(&mut con)
+            .await;
+    }
     let (status, page) = get(&server, "/metrics", None).await;
     assert_eq!(status, 200);
     for expected in [
@@ -123,6 +128,15 @@ async fn metrics_page_has_the_design_metrics() {
         "leafd_snowflake_worker_id 9",
         "leafd_snowflake_clock_backward_total 0",
         "leafd_storage_ready 1",
+        "leafd_commands_total{command=\"unknown\",result=\"error\"} 2",
+        "leafd_snowflake_worker_info{worker_id=\"9\",coordinator=\"static\"} 1",
+        &format!(
+            "leafd_build_info{{version=\"{}\",commit=\"",
+            env!("CARGO_PKG_VERSION")
+        ),
+        "process_resident_memory_bytes ",
+        "process_cpu_seconds_total ",
+        "process_open_fds ",
     ] {
         assert!(page.contains(expected), "missing {expected:?} in\n{page}");
     }

@@ -113,8 +113,10 @@ pub async fn execute(
         },
         (None, None) => unknown_command(args),
     };
-    if let (Some(id), true) = (id, ctx.metrics.enabled()) {
-        batch.record(&ctx.metrics, id as usize, reply.is_error(), waited);
+    if ctx.metrics.enabled() {
+        // An index past the table is the `unknown` command's.
+        let index = id.map_or(usize::MAX, |id| id as usize);
+        batch.record(&ctx.metrics, index, reply.is_error(), waited);
     }
     reply
 }

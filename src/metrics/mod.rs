@@ -22,6 +22,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 /// A server's metrics registry.
 pub struct Metrics {
     recorder: Option<PrometheusRecorder>,
+    /// CPU, memory, open files and threads of this process, read at each scrape.
+    process: metrics_process::Collector,
     command_names: Vec<&'static str>,
     commands: Vec<CommandMetrics>,
     /// Segment load latency by tag (loads are rare, so a lock here is fine).
@@ -53,8 +55,11 @@ impl Metrics {
                 SharedString::const_str(help),
             );
         }
+        let process = metrics_process::Collector::default();
+        metrics::with_local_recorder(&recorder, || process.describe());
         let mut metrics = Metrics {
             recorder: Some(recorder),
+            process,
             command_names: command_names
                 .iter()
                 .copied()
@@ -80,6 +85,7 @@ impl Metrics {
     pub fn disabled() -> Metrics {
         Metrics {
             recorder: None,
+            process: metrics_process::Collector::default(),
             command_names: Vec::new(),
             commands: Vec::new(),
             segment_loads: Mutex::new(BTreeMap::new()),
@@ -124,6 +130,7 @@ impl Metrics {
         let Some(recorder) = &self.recorder else {
             return String::new();
         };
+        metrics::with_local_recorder(recorder, || self.process.collect());
         let mut out = recorder.handle().render();
         let help = |name: &str| {
             DESCRIPTIONS

@@ -22,6 +22,8 @@ pub const SNOWFLAKE_IDS_TOTAL: &str = "leafd_snowflake_ids_total";
 pub const SNOWFLAKE_SEQUENCE_WAITS_TOTAL: &str = "leafd_snowflake_sequence_waits_total";
 pub const SNOWFLAKE_CLOCK_BACKWARD_TOTAL: &str = "leafd_snowflake_clock_backward_total";
 pub const SNOWFLAKE_WORKER_ID: &str = "leafd_snowflake_worker_id";
+pub const BUILD_INFO: &str = "leafd_build_info";
+pub const SNOWFLAKE_WORKER_INFO: &str = "leafd_snowflake_worker_info";
 pub const ZOOKEEPER_CONNECTED: &str = "leafd_zookeeper_connected";
 pub const ZOOKEEPER_LAST_REPORT_AGE_SECONDS: &str = "leafd_zookeeper_last_report_age_seconds";
 
@@ -64,6 +66,14 @@ pub(super) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         SEGMENT_ROLLBACKS_TOTAL,
         "Segment loads refused because the database returned IDs below this node's high-water mark (restored backup, lossy failover), by tag.",
+    ),
+    (
+        BUILD_INFO,
+        "Always 1; the labels say which leafd this is (version, commit).",
+    ),
+    (
+        SNOWFLAKE_WORKER_INFO,
+        "Always 1; the labels name the snowflake worker id this node holds and its coordinator.",
     ),
     (
         SEGMENT_FAILOVER_SKIPS_TOTAL,
