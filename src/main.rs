@@ -7,33 +7,34 @@ use clap::{Parser, Subcommand};
 
 use leafd::config::Config;
 
-/// leafd: unique IDs (Meituan Leaf segment mode) over the Redis protocol.
+/// leafd: unique IDs (Meituan Leaf segment mode) over the Redis protocol. Flags go before or
+/// after the subcommand (`leafd migrate --config leafd.toml`).
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("LEAFD_COMMIT"), ")"), about, long_about = None)]
 struct Cli {
     /// TOML configuration file; keys it omits keep their defaults.
-    #[arg(short, long, env = "LEAFD_CONFIG")]
+    #[arg(short, long, env = "LEAFD_CONFIG", global = true)]
     config: Option<PathBuf>,
     /// RESP listen address (server.bind), e.g. 127.0.0.1:6380; "" for none (TLS only).
-    #[arg(long, env = "LEAFD_BIND")]
+    #[arg(long, env = "LEAFD_BIND", global = true)]
     bind: Option<String>,
     /// RESP port, as redis-server's --port: the configured (or --bind) host with this port.
-    #[arg(long, env = "LEAFD_PORT")]
+    #[arg(long, env = "LEAFD_PORT", global = true)]
     port: Option<u16>,
     /// HTTP listen address for /metrics and the Leaf HTTP API (http.bind).
-    #[arg(long, env = "LEAFD_HTTP_BIND")]
+    #[arg(long, env = "LEAFD_HTTP_BIND", global = true)]
     http_bind: Option<String>,
     /// Storage URL (storage.url): sqlite://path, mysql://…, postgres://….
-    #[arg(long, env = "LEAFD_STORAGE_URL")]
+    #[arg(long, env = "LEAFD_STORAGE_URL", global = true)]
     storage_url: Option<String>,
     /// Password clients must AUTH with (server.requirepass).
-    #[arg(long, env = "LEAFD_REQUIREPASS", hide_env_values = true)]
+    #[arg(long, env = "LEAFD_REQUIREPASS", hide_env_values = true, global = true)]
     requirepass: Option<String>,
     /// Maximum simultaneous clients (server.max_clients).
-    #[arg(long, env = "LEAFD_MAX_CLIENTS")]
+    #[arg(long, env = "LEAFD_MAX_CLIENTS", global = true)]
     max_clients: Option<usize>,
     /// Close connections idle this many seconds; 0 = never (server.idle_timeout_secs).
-    #[arg(long, env = "LEAFD_IDLE_TIMEOUT_SECS")]
+    #[arg(long, env = "LEAFD_IDLE_TIMEOUT_SECS", global = true)]
     idle_timeout_secs: Option<u64>,
     #[command(subcommand)]
     command: Option<Command>,
@@ -43,7 +44,7 @@ struct Cli {
 enum Command {
     /// Run the server (the default).
     Serve,
-    /// Print the effective configuration (secrets redacted) and exit.
+    /// Print the effective configuration as TOML leafd reads back (secrets redacted) and exit.
     CheckConfig,
     /// Create or upgrade the leaf_alloc schema in the configured database, then exit.
     Migrate,
@@ -160,10 +161,14 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let cli = Cli::parse();
-    let config = cli.load_config()?;
+    // One line naming the file, the line and what is allowed; no error chain, no backtrace.
+    let config = match cli.load_config() {
+        Ok(config) => config,
+        Err(e) => fail(&e),
+    };
     match cli.command {
         Some(Command::CheckConfig) => {
-            println!("{config:#?}");
+            print!("{}", config.to_toml_redacted());
             return Ok(());
         }
         Some(Command::Migrate) => {

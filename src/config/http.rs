@@ -1,11 +1,9 @@
 //! `[http]`: the HTTP listener for `/metrics`, `/health`, `/ready` and Leaf's HTTP API.
 
-use std::net::SocketAddr;
-
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The HTTP listener: `/metrics`, `/health`, `/ready` and Leaf's HTTP API.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
     pub enabled: bool,
@@ -24,9 +22,9 @@ impl Default for HttpConfig {
 impl HttpConfig {
     /// The `[http]` section's own rules; the message names the key.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if self.enabled && self.bind.parse::<SocketAddr>().is_err() {
+        if self.enabled && !super::is_bind_address(&self.bind) {
             return Err(format!(
-                "http.bind '{}' is not an ip:port address",
+                "http.bind '{}' is not a host:port address",
                 self.bind
             ));
         }

@@ -11,7 +11,7 @@ mod tls;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use http::HttpConfig;
 pub use segment::{SegmentConfig, TagSeed};
@@ -20,8 +20,25 @@ pub use snowflake::{CoordinatorKind, SnowflakeConfig, ZookeeperConfig};
 pub use storage::StorageConfig;
 pub use tls::TlsConfig;
 
+/// `ip:port`, `[ipv6]:port` or `name:port` (resolved when the listener binds, e.g. `localhost`).
+pub(crate) fn is_bind_address(bind: &str) -> bool {
+    if bind.parse::<SocketAddr>().is_ok() {
+        return true;
+    }
+    match bind.rsplit_once(':') {
+        Some((host, port)) => {
+            port.parse::<u16>().is_ok()
+                && !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+        }
+        None => false,
+    }
+}
+
 /// Whole-server configuration. Every field has a default, so an empty file is valid.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub server: ServerConfig,
@@ -35,7 +52,7 @@ pub struct Config {
 
 /// Who may run admin commands (LEAF.TAG, CONFIG, SHUTDOWN, the HTTP tag endpoints) when no
 /// password or user is configured.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// Without a password, admin commands are refused from other hosts unless this is true
@@ -51,10 +68,13 @@ pub enum ConfigError {
         path: String,
         source: std::io::Error,
     },
-    #[error("invalid config file {path}: {source}")]
+    /// One line: where, and what is wrong (toml's message, which lists the allowed keys).
+    #[error("invalid config file {path}{at}: {message}")]
     Parse {
         path: String,
-        source: Box<toml::de::Error>,
+        /// `, line L, column C` when known.
+        at: String,
+        message: String,
     },
     #[error("invalid configuration: {0}")]
     Invalid(String),
@@ -79,19 +99,43 @@ impl Config {
             source,
         })?;
         Config::from_toml(&text).map_err(|e| match e {
-            ConfigError::Parse { source, .. } => ConfigError::Parse {
+            ConfigError::Parse { at, message, .. } => ConfigError::Parse {
                 path: path.display().to_string(),
-                source,
+                at,
+                message,
             },
             other => other,
         })
     }
 
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|source| ConfigError::Parse {
-            path: "<inline>".into(),
-            source: Box::new(source),
+        toml::from_str(text).map_err(|e| {
+            let at = e.span().map_or_else(String::new, |span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!(", line {line}, column {column}")
+            });
+            ConfigError::Parse {
+                path: "<inline>".into(),
+                at,
+                message: e.message().trim().replace('\n', " "),
+            }
         })
+    }
+
+    /// The effective configuration as TOML that leafd reads back: every key with its value,
+    /// defaults included, secrets (passwords, the storage URL's password) shown as `<redacted>`.
+    pub fn to_toml_redacted(&self) -> String {
+        let mut shown = self.clone();
+        if shown.server.requirepass.is_some() {
+            shown.server.requirepass = Some("<redacted>".into());
+        }
+        for user in &mut shown.server.users {
+            user.password = "<redacted>".into();
+        }
+        shown.storage.url = shown.storage.redacted_url();
+        toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot be shown as TOML: {e}\n"))
     }
 
     /// Refuses values that would make the server misbehave rather than fail at start: each
@@ -113,9 +157,9 @@ impl Config {
                         .into(),
                 );
             }
-        } else if self.server.bind.parse::<SocketAddr>().is_err() {
+        } else if !is_bind_address(&self.server.bind) {
             return invalid(format!(
-                "server.bind '{}' is not an ip:port address",
+                "server.bind '{}' is not a host:port address",
                 self.server.bind
             ));
         }

@@ -1,9 +1,9 @@
 //! `[segment]`: Leaf's double buffer and adaptive step, and the tags created at start.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The segment engine: Leaf's double buffer and adaptive step.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SegmentConfig {
     /// How often the tag list is re-read from the database, in seconds.
@@ -38,7 +38,7 @@ impl Default for SegmentConfig {
 }
 
 /// A tag to create at start if the table does not have it yet.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TagSeed {
     pub tag: String,

@@ -2,10 +2,10 @@
 
 use std::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The RESP listener and its per-client limits.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     /// Address of the plaintext RESP listener; empty for none (then `tls.bind` serves RESP).
@@ -67,7 +67,7 @@ impl Default for ServerConfig {
 }
 
 /// A user that can AUTH with a name and password.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserConfig {
     pub name: String,

@@ -1,11 +1,11 @@
 //! `[snowflake]`: the layout, clock rules, time fence and worker-id coordinator.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::StorageConfig;
 
 /// Where the snowflake worker id comes from.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum CoordinatorKind {
     /// `snowflake.worker_id` from the configuration (one node, or ids managed by hand).
@@ -19,7 +19,7 @@ pub enum CoordinatorKind {
 }
 
 /// The snowflake engine and its worker id.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SnowflakeConfig {
     pub enabled: bool,
@@ -87,7 +87,7 @@ impl SnowflakeConfig {
 }
 
 /// Leaf-snowflake's ZooKeeper worker-id registry.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ZookeeperConfig {
     /// ZooKeeper connect string, e.g. `zk1:2181,zk2:2181`.

@@ -1,12 +1,10 @@
 //! `[tls]`: rustls for the RESP and HTTP listeners, from PEM files.
 
-use std::net::SocketAddr;
-
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// TLS (rustls) for the RESP and HTTP listeners, from PEM files. Off unless `bind` or `http`
 /// asks for it.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsConfig {
     /// Address of a RESP-over-TLS listener (Redis' `tls-port`), beside the plain one.
@@ -51,8 +49,8 @@ impl TlsConfig {
     /// The `[tls]` section's own rules; the message names the key.
     pub(crate) fn validate(&self) -> Result<(), String> {
         if let Some(bind) = &self.bind {
-            if bind.parse::<SocketAddr>().is_err() {
-                return Err(format!("tls.bind '{bind}' is not an ip:port address"));
+            if !super::is_bind_address(bind) {
+                return Err(format!("tls.bind '{bind}' is not a host:port address"));
             }
         }
         if self.enabled() {

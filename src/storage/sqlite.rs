@@ -17,12 +17,20 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if missing, with its parent directory) the database file and migrates it.
+    /// Opens (creating if missing, with its directory) the database file and migrates it.
+    /// Only the file's own directory is created (`data/` of the default URL): a mistyped path
+    /// fails instead of growing a tree of directories from the root.
     pub async fn open(config: &StorageConfig, migrate: bool) -> Result<SqliteStore, StoreError> {
         let path = sqlite_path(&config.url)?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StoreError::Unavailable(format!("cannot create directory {}: {e}", dir.display()))
+        if let Some(dir) = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+        {
+            std::fs::create_dir(dir).map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot create directory {} for the SQLite database: {e}",
+                    dir.display()
+                ))
             })?;
         }
         let options = SqliteConnectOptions::from_str("sqlite:")?

@@ -15,14 +15,25 @@ connection. Meanwhile: rolling restart (SIGTERM node 1, wait for its exit, start
 until HAProxy has it up; then node 2, node 3), a 4th node started, node 2 SIGKILLed and restarted
 at once. Checks: no ID twice (per kind), no error reply, per connection IDs increasing, every
 graceful stop exits 0 within GRACEFUL_BOUND, no request (pipeline, its re-sends included) waits
-longer than LATENCY_BOUND and no gap with no ID answered longer than that either.
+longer than LATENCY_BOUND (250 ms, the issue's bound) and no gap with no ID answered longer than
+that either; both net of the moments this script itself was not scheduled (measured, printed).
 
-usage: cluster.py LEAFD_BIN [--only starts|haproxy]
+What keeps it that short, measured (about 40-90 ms at worst on 2 cores, debug build): a node's
+drain closes idle connections and a killed process's sockets are reset by the kernel, so a lost
+command is noticed at once, never by READ_TIMEOUT; a new connection HAProxy sends to a node that
+is not listening (draining, starting, killed, before the 100 ms check marks it down) is refused
+and, with `balance roundrobin` and `option redispatch 1`, retried on the next server at once.
+HAProxy waits min(timeout connect, 1 s) before a retry on the same server (leastconn, or no
+redispatch): that configuration measured 217 ms here with `timeout connect 200ms`, and would be
+1 s with the default. A host that vanishes without a reset (power, network) is not covered: its
+in-flight commands wait for the client's own timeout.
+
+usage: cluster.py LEAFD_BIN [--only starts|haproxy] [--keep]
 Needs MariaDB on 127.0.0.1:3306 (root, no password), PostgreSQL on 127.0.0.1:5432 (postgres,
-trust), mysql, psql and /usr/sbin/haproxy (scripts/services.sh). About 1.5 minutes. Prints per
-dialect the rounds, nodes up and time to all ready; for HAProxy the IDs per kind, repeats,
-error replies, commands lost and re-sent, the longest gap, the slowest requests (with what they
-waited on) and each graceful stop's time.
+trust), mysql, psql and /usr/sbin/haproxy (scripts/services.sh). About 30 s. Prints per dialect
+the rounds, nodes up and time to all ready; for HAProxy the events, HAProxy's view of them, IDs
+per kind, repeats, error replies, commands lost and re-sent, the latency percentiles, the
+longest gap, the slowest requests (with what they waited on) and each graceful stop's time.
 """
 import argparse
 import array
@@ -60,7 +71,7 @@ GIVE_UP = 10.0             # a request unanswered this long, re-sends included, 
 # A node's drain: idle connections are closed at once, in-flight commands finish; the nodes'
 # shutdown_timeout_secs is 2 (leafd.Node), so a stop past 3 s is a hang.
 GRACEFUL_BOUND = 3.0
-LATENCY_BOUND = 0.25       # the issue's bound: see the module docstring and the README
+LATENCY_BOUND = 0.25       # the issue's bound; what keeps requests under it: the docstring
 WARM, BETWEEN, TAIL = 3.0, 3.0, 4.0  # seconds of load before, between and after the events
 
 
@@ -284,9 +295,12 @@ def haproxy_config(port, socket_path, nodes):
     return f"""global
     maxconn 4096
     stats socket {socket_path} mode 600 level admin
+    log stdout format raw local0
 
 defaults
     mode tcp
+    log global
+    option tcplog
     timeout connect 200ms
     timeout client 60s
     timeout server 60s
@@ -521,7 +535,7 @@ class Stalls(threading.Thread):
 def behind_haproxy(binary, work):
     db = Database("mysql", f"leafd_cluster_{os.getpid()}_haproxy", work)
     nodes, proxy, clients, stop = [], None, [], threading.Event()
-    run = {"events": [], "graceful": []}  # what happened, for the report
+    record = {"events": [], "graceful": []}  # what happened, for the report
     try:
         config = {"segment.tags": [{"tag": TAG, "step": 1000}]}
         nodes = make_nodes(binary, os.path.join(work, "haproxy-nodes"), db.url, 4, config)
@@ -536,21 +550,21 @@ def behind_haproxy(binary, work):
         node_of_port = {n.port: n.name for n in nodes}
         clients = [Client(i, proxy.port, stop, node_of_port) for i in range(CLIENTS)]
         stalls = Stalls(stop)
-        run["began"], run["began_wall"] = time.monotonic(), time.time()
+        record["began"], record["began_wall"] = time.monotonic(), time.time()
         stalls.start()
         for c in clients:
             c.start()
-        scenario(nodes, proxy, clients, run)
+        scenario(nodes, proxy, clients, record)
         stop.set()
-        run["ended"] = time.monotonic()
+        record["ended"] = time.monotonic()
         for c in clients:
             c.join(GIVE_UP + 5)
         if any(c.is_alive() for c in clients):
             raise Failure("a client is still waiting after the run")
         check_alive(nodes, clients)
         for node in nodes:
-            run["graceful"].append((f"{node.name} (end)", stop_gracefully(node)))
-        report(clients, stalls, proxy, run, log_warnings(nodes))
+            record["graceful"].append((f"{node.name} (end)", stop_gracefully(node)))
+        report(clients, stalls, proxy, record, log_warnings(nodes))
     finally:
         stop.set()
         for c in clients:
@@ -570,12 +584,12 @@ def check_alive(nodes, clients):
         raise Failure(f"a client gave up: {gave_up[0]}")
 
 
-def scenario(nodes, proxy, clients, run):
+def scenario(nodes, proxy, clients, record):
     """While the clients run: rolling restart of nodes 1-3, node 4 added, node 2 SIGKILLed and
     started again at once. Each start waits for /ready and for HAProxy to have the node UP, as
     a careful rolling restart would before touching the next node."""
     def event(what):
-        run["events"].append((time.monotonic(), what))
+        record["events"].append((time.monotonic(), what))
 
     def start(node, why):
         node.start()
@@ -589,7 +603,7 @@ def scenario(nodes, proxy, clients, run):
         check_alive(nodes, clients)
         event(f"{node.name} SIGTERM")
         took = stop_gracefully(node)
-        run["graceful"].append((node.name, took))
+        record["graceful"].append((node.name, took))
         event(f"{node.name} exited 0 after {took:.3f} s")
         start(node, "restarted")
         time.sleep(BETWEEN)
@@ -599,7 +613,7 @@ def scenario(nodes, proxy, clients, run):
     time.sleep(BETWEEN)
     check_alive(nodes, clients)
     victim = nodes[1]
-    run["killed"], run["victim"] = time.monotonic(), victim.name
+    record["killed"], record["victim"] = time.monotonic(), victim.name
     event(f"{victim.name} SIGKILL")
     victim.kill()
     start(victim, "restarted after SIGKILL")
@@ -607,9 +621,9 @@ def scenario(nodes, proxy, clients, run):
     check_alive(nodes, clients)
 
 
-def report(clients, stalls, proxy, run, warnings):
+def report(clients, stalls, proxy, record, warnings):
     """Prints the figures; Failure with every broken check."""
-    began, ended, events = run["began"], run["ended"], run["events"]
+    began, ended, events = record["began"], record["ended"], record["events"]
     segment = array.array("q", sorted(i for c in clients for i in c.segment))
     snowflake = array.array("q", sorted(i for c in clients for i in c.snowflake))
     seg_repeats = sum(1 for a, b in zip(segment, segment[1:]) if a == b)
@@ -636,16 +650,16 @@ def report(clients, stalls, proxy, run, warnings):
     def pct(values, p):
         return values[min(len(values) - 1, int(len(values) * p))] * 1000 if values else 0.0
 
-    print(f"behind HAProxy: events (t=0 at {time.strftime('%H:%M:%S', time.gmtime(run['began_wall']))}"
-          f".{int(run['began_wall'] % 1 * 1000):03d} UTC, as in the node logs):")
+    print(f"behind HAProxy: events (t=0 at {time.strftime('%H:%M:%S', time.gmtime(record['began_wall']))}"
+          f".{int(record['began_wall'] % 1 * 1000):03d} UTC, as in the node logs):")
     for t, what in events:
         print(f"  {at(t)}  {what}")
     with proxy.lock:
         changes = [(t, s, st) for t, s, st in proxy.changes if began <= t <= ended]
     print("HAProxy status changes: " + ", ".join(f"{at(t)} {s} {st}" for t, s, st in changes))
-    marked_down = proxy.first_change(run["victim"], "DOWN", run["killed"])
-    print(f"HAProxy marked {run['victim']} DOWN "
-          + (f"{(marked_down - run['killed']) * 1000:.0f} ms after its SIGKILL" if marked_down else
+    marked_down = proxy.first_change(record["victim"], "DOWN", record["killed"])
+    print(f"HAProxy marked {record['victim']} DOWN "
+          + (f"{(marked_down - record['killed']) * 1000:.0f} ms after its SIGKILL" if marked_down else
              "(not seen: the restart beat the 20 ms stats poll)"))
     print(f"IDs: {len(segment)} segment + {len(snowflake)} snowflake in {ended - began:.1f} s, "
           f"{len(took)} pipelines of {len(BATCH)} by {len(clients)} clients over "
@@ -680,7 +694,7 @@ def report(clients, stalls, proxy, run, warnings):
     gap_stalled = stalls.during(gap_at, gap_at + gap) if gap_at else 0.0
     print(f"longest gap with no ID answered: {gap * 1000:.1f} ms from {at(gap_at) if gap_at else '-'} "
           f"(client stalled {gap_stalled * 1000:.0f} ms of it)")
-    print("graceful stops (SIGTERM -> exit 0): " + ", ".join(f"{n} {t:.3f} s" for n, t in run["graceful"]))
+    print("graceful stops (SIGTERM -> exit 0): " + ", ".join(f"{n} {t:.3f} s" for n, t in record["graceful"]))
     print(f"node log warnings/errors: {sum(warnings.values())}")
     for line, n in warnings.most_common(8):
         print(f"  {n} x {line}")
@@ -699,8 +713,8 @@ def report(clients, stalls, proxy, run, warnings):
     # Judged net of the time this script itself was not running: a client that was not
     # scheduled cannot read a reply that waits for it.
     if net_slowest > LATENCY_BOUND:
-        failures.append(f"a request waited {net_slowest * 1000:.0f} ms (its client stalled for the rest) "
-                        f"> {LATENCY_BOUND * 1000:.0f} ms")
+        failures.append(f"a request waited {net_slowest * 1000:.0f} ms net of client stalls "
+                        f"(slowest {took[-1] * 1000:.0f} ms) > {LATENCY_BOUND * 1000:.0f} ms")
     if gap - gap_stalled > LATENCY_BOUND:
         failures.append(f"longest gap with no ID {gap * 1000:.0f} ms ({gap_stalled * 1000:.0f} ms of it the "
                         f"client stalled) > {LATENCY_BOUND * 1000:.0f} ms")

@@ -1,0 +1,93 @@
+//! The command line as a newcomer types it: flags before or after the subcommand, one line for
+//! a config error, `check-config` printing TOML that leafd reads back, `migrate` on a SQLite
+//! path whose directory tree does not exist.
+
+use std::process::Command;
+
+fn leafd(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_leafd"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn flags_work_after_the_subcommand_and_migrate_creates_the_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/leafd.db", dir.path().display());
+    let (code, out, err) = leafd(&["migrate", "--storage-url", &url]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, format!("schema of {url} is up to date\n"));
+    let (code, _, err) = leafd(&[
+        "migrate",
+        "--storage-url",
+        "sqlite:///nonexistent-leafd-dir/sub/x.db",
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cannot create directory /nonexistent-leafd-dir/sub"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new("/nonexistent-leafd-dir").exists());
+}
+
+#[test]
+fn a_config_error_is_one_line_naming_file_line_and_the_allowed_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(&file, "[server]\nbind = \"127.0.0.1:6380\"\nbindd = 1\n").unwrap();
+    let (code, _, err) = leafd(&["check-config", "--config", file.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "leafd: invalid config file {}, line 3, column 1: unknown field `bindd`, expected one of `bind`",
+            file.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_config_prints_toml_that_leafd_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, shown, err) = leafd(&[
+        "check-config",
+        "--config",
+        "leafd.example.toml",
+        "--requirepass",
+        "s3cret",
+        "--bind",
+        "localhost:6390",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(shown.contains("requirepass = \"<redacted>\""), "{shown}");
+    assert!(!shown.contains("s3cret"));
+    for key in [
+        "shutdown_timeout_secs",
+        "max_multi_commands",
+        "protected_mode",
+        "state_dir",
+        "failover_margin",
+    ] {
+        assert!(
+            shown.contains(&format!("\n{key} = ")),
+            "{key} missing:\n{shown}"
+        );
+    }
+    let file = dir.path().join("effective.toml");
+    std::fs::write(&file, &shown).unwrap();
+    let (code, again, err) = leafd(&["check-config", "--config", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        again, shown,
+        "the printed configuration reads back as itself"
+    );
+}
