@@ -12,6 +12,11 @@ use super::StoreError;
 /// write truncates the older slot, writes `{seq, marks}` and fdatasyncs it (one sync, no rename,
 /// about a tenth of a millisecond), so the newest slot that parses is always a complete record.
 /// A write torn by a crash leaves the other slot, one record older, which nothing was served from.
+///
+/// Processes that share a state directory (one working directory, one config) share the
+/// marks: each write holds an exclusive lock on `<path>.lock`, reads the newest record on disk
+/// and writes it merged with its own. A mark is a `max_id` the database handed to some node, so
+/// a range at or below any of them is the database gone back, whichever node loaded it.
 pub struct SegmentMarks {
     path: Option<PathBuf>,
     state: Mutex<Marks>,
@@ -50,29 +55,7 @@ impl SegmentMarks {
         discard_unreadable: bool,
     ) -> Result<Arc<SegmentMarks>, StoreError> {
         let path = path.into();
-        let mut newest: Option<Record> = None;
-        let mut unreadable = Vec::new();
-        for seq in [0, 1] {
-            let file = slot(&path, seq);
-            match std::fs::read(&file) {
-                // A torn or empty slot is the older one: the other holds the last record.
-                Ok(bytes) => match serde_json::from_slice::<Record>(&bytes) {
-                    Ok(record) => {
-                        if newest.as_ref().is_none_or(|n| record.seq > n.seq) {
-                            newest = Some(record)
-                        }
-                    }
-                    Err(e) => unreadable.push(format!("{}: {e}", file.display())),
-                },
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(StoreError::Unavailable(format!(
-                        "segment marks file {}: {e}",
-                        file.display()
-                    )))
-                }
-            }
-        }
+        let (newest, unreadable) = read_newest(&path).map_err(StoreError::Unavailable)?;
         if newest.is_none() && unreadable.len() == 2 {
             let files = unreadable.join("; ");
             if !discard_unreadable {
@@ -131,13 +114,71 @@ impl SegmentMarks {
             self.lock().seq = record.seq;
             return Ok(());
         };
-        let seq = record.seq;
-        tokio::task::spawn_blocking(move || write_slot(&path, &record))
+        let written = tokio::task::spawn_blocking(move || write_shared(&path, record))
             .await
             .map_err(|e| e.to_string())??;
-        self.lock().seq = seq;
+        let mut state = self.lock();
+        state.seq = written.seq;
+        for (tag, mark) in written.marks {
+            let known = state.marks.entry(tag).or_insert(mark);
+            *known = (*known).max(mark);
+        }
         Ok(())
     }
+}
+
+/// The newest complete record of the two slots, and the slots that could not be parsed.
+fn read_newest(path: &Path) -> Result<(Option<Record>, Vec<String>), String> {
+    let mut newest: Option<Record> = None;
+    let mut unreadable = Vec::new();
+    for seq in [0, 1] {
+        let file = slot(path, seq);
+        match std::fs::read(&file) {
+            // A torn or empty slot is the older one: the other holds the last record.
+            Ok(bytes) => match serde_json::from_slice::<Record>(&bytes) {
+                Ok(record) => {
+                    if newest.as_ref().is_none_or(|n| record.seq > n.seq) {
+                        newest = Some(record)
+                    }
+                }
+                Err(e) => unreadable.push(format!("{}: {e}", file.display())),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("segment marks file {}: {e}", file.display())),
+        }
+    }
+    Ok((newest, unreadable))
+}
+
+/// Writes `ours` merged with the newest record on disk, under the directory's marks lock, as
+/// the record after that one; returns what was written.
+fn write_shared(path: &Path, ours: Record) -> Result<Record, String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let mut lock_name = path.as_os_str().to_owned();
+    lock_name.push(".lock");
+    let lock_path = PathBuf::from(lock_name);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    // Released when `lock` is dropped (and by the kernel if the process dies).
+    lock.lock()
+        .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    let (on_disk, _) = read_newest(path)?;
+    let mut record = ours;
+    if let Some(disk) = on_disk {
+        record.seq = record.seq.max(disk.seq + 1);
+        for (tag, mark) in disk.marks {
+            let known = record.marks.entry(tag).or_insert(mark);
+            *known = (*known).max(mark);
+        }
+    }
+    write_slot(path, &record)?;
+    Ok(record)
 }
 
 fn write_slot(path: &Path, record: &Record) -> Result<(), String> {
@@ -174,6 +215,41 @@ fn write_slot(path: &Path, record: &Record) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two writers on one path (two processes sharing a state directory; the lock is per open
+    /// file, so two handles in one process exclude each other alike), writing at once: every
+    /// record stays readable, and the marks on disk are the highest each tag reached anywhere.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn processes_sharing_a_directory_merge_their_marks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("marks.json");
+        let first = SegmentMarks::open(&path, false).unwrap();
+        let second = SegmentMarks::open(&path, false).unwrap();
+        let write = |marks: Arc<SegmentMarks>, offset: i64| {
+            tokio::spawn(async move {
+                for i in 1..=200i64 {
+                    marks
+                        .record(&format!("t{}", i % 7), i * 10 + offset)
+                        .await
+                        .unwrap();
+                }
+            })
+        };
+        let (a, b) = (write(first.clone(), 1), write(second.clone(), 2));
+        a.await.unwrap();
+        b.await.unwrap();
+        let (newest, unreadable) = read_newest(&path).unwrap();
+        assert!(unreadable.is_empty(), "{unreadable:?}");
+        let reopened = SegmentMarks::open(&path, false).unwrap();
+        for t in 0..7i64 {
+            let highest = (1..=200i64).filter(|i| i % 7 == t).max().unwrap() * 10 + 2;
+            assert_eq!(reopened.get(&format!("t{t}")), Some(highest), "t{t}");
+        }
+        assert!(
+            newest.unwrap().seq >= 400,
+            "every write came after the one on disk"
+        );
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn marks_only_rise_and_survive_a_reopen_and_a_torn_slot() {
