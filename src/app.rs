@@ -342,8 +342,17 @@ async fn start_snowflake(
         CoordinatorKind::Zookeeper => {
             let endpoint =
                 coord::identity::endpoint(sf.zookeeper.advertise.as_deref(), config.resp_bind())?;
+            let mut cfg = sf.zookeeper.clone();
+            if cfg.cache_file.is_empty() {
+                cfg.cache_file = config
+                    .storage
+                    .state_dir()
+                    .join("snowflake-worker.json")
+                    .display()
+                    .to_string();
+            }
             let zk = ZkCoordinator {
-                cfg: sf.zookeeper.clone(),
+                cfg,
                 endpoint,
                 max_worker_id: layout.max_worker_id(),
                 clock: clock.clone(),

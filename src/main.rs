@@ -160,6 +160,14 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    // Kubernetes injects `<SERVICE>_PORT=tcp://ip:port` for every Service: one named leafd
+    // sets LEAFD_PORT to that, which is not this node's port.
+    if std::env::var("LEAFD_PORT").is_ok_and(|v| v.contains("://")) {
+        tracing::warn!(
+            "ignoring LEAFD_PORT: it holds a Kubernetes service link (tcp://…), not a port"
+        );
+        std::env::remove_var("LEAFD_PORT");
+    }
     let cli = Cli::parse();
     // One line naming the file, the line and what is allowed; no error chain, no backtrace.
     let config = match cli.load_config() {

@@ -91,3 +91,22 @@ fn check_config_prints_toml_that_leafd_reads_back() {
         "the printed configuration reads back as itself"
     );
 }
+
+/// A Kubernetes Service named `leafd` makes the kubelet set `LEAFD_PORT=tcp://ip:port` in
+/// every pod: it is not a port, and leafd starts with its configured address.
+#[test]
+fn a_kubernetes_service_link_in_leafd_port_is_ignored() {
+    let out = Command::new(env!("CARGO_BIN_EXE_leafd"))
+        .args(["check-config"])
+        .env("LEAFD_PORT", "tcp://10.96.0.12:6380")
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("bind = \"127.0.0.1:6380\""), "{shown}");
+}

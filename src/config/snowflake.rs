@@ -115,6 +115,7 @@ pub struct ZookeeperConfig {
     /// a node that takes the id over later waits until its clock has passed it.
     pub lease_ms: u64,
     /// Local copy of the worker id and last reported time, used when ZooKeeper is down at start.
+    /// Empty: `snowflake-worker.json` in the storage's state directory.
     pub cache_file: String,
 }
 
@@ -131,7 +132,7 @@ impl Default for ZookeeperConfig {
             max_clock_skew_ms: 5_000,
             reuse_after_secs: 86_400,
             lease_ms: 10_000,
-            cache_file: "data/snowflake-worker.json".into(),
+            cache_file: String::new(),
         }
     }
 }
