@@ -38,7 +38,21 @@ impl SqliteStore {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(5));
-        let pool = pool_options(config).connect_with(options).await?;
+        // Switching a new file to WAL mode needs the file to itself, and SQLite answers "database
+        // is locked" at once, without its busy timeout, while another process opens it too
+        // (nodes started together on a new file): retried for a few seconds.
+        let mut attempts = 0;
+        let pool = loop {
+            match pool_options(config).connect_with(options.clone()).await {
+                Err(sqlx::Error::Database(e))
+                    if attempts < 50 && e.message().contains("locked") =>
+                {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(20 + fastrand::u64(..60))).await;
+                }
+                result => break result?,
+            }
+        };
         if migrate {
             super::migrate::sqlite(&pool, sqlx::migrate!("./migrations/sqlite")).await?;
         }
