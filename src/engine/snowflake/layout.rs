@@ -96,8 +96,11 @@ mod tests {
     #[test]
     fn decode_inverts_encode() {
         let layout = Layout::default();
+        // 0 (the epoch's first millisecond, worker 0, sequence 0) is never issued: the clock
+        // must be past the epoch at start.
+        assert_eq!(layout.decode(layout.encode(TWITTER_EPOCH_MS, 0, 0)), None);
         for (ts, worker, seq) in [
-            (TWITTER_EPOCH_MS, 0, 0),
+            (TWITTER_EPOCH_MS, 0, 1),
             (1_764_000_000_123, 1023, 4095),
             (1_764_000_000_123, 17, 99),
             (layout.max_timestamp_ms(), 5, 1),
