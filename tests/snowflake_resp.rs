@@ -209,3 +209,73 @@ async fn an_epoch_in_the_future_is_refused_at_start() {
     .expect("refused");
     assert!(err.to_string().contains("in the future"), "{err}");
 }
+
+/// LEAF.FROMTIME through the `redis` crate and GET /fromtime over HTTP, checked on IDs really
+/// issued either side of each instant: every ID issued before t is below FROMTIME(t), every one
+/// issued at or after t is at least it. Times before the epoch or past the layout are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_time_splits_issued_ids_at_each_instant() {
+    let server = server(5).await;
+    let mut con = server.client().await;
+    let layout = Layout::default();
+    let mut issued: Vec<i64> = Vec::new();
+    let started = now_ms();
+    while now_ms() < started + 30 {
+        let batch: Vec<i64> = redis::cmd("SNOWFLAKE")
+            .arg(500)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        issued.extend(batch);
+    }
+    let stamp = |id: i64| layout.decode(id).unwrap().timestamp_ms;
+    let mut instants: Vec<u64> = issued.iter().map(|&id| stamp(id)).collect();
+    instants.dedup();
+    assert!(instants.len() > 5, "{} instants", instants.len());
+    for &t in &instants[1..] {
+        let first: i64 = redis::cmd("LEAF.FROMTIME")
+            .arg(t)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let below = issued.iter().filter(|&&id| stamp(id) < t).max().unwrap();
+        let above = issued.iter().filter(|&&id| stamp(id) >= t).min().unwrap();
+        assert!(
+            *below < first && first <= *above,
+            "t={t}: {below} < {first} <= {above}"
+        );
+        let over_http = reqwest::get(server.http_url(&format!("/fromtime/{t}")))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(over_http, first.to_string());
+    }
+    // RFC 3339 in UTC names the same instant as its milliseconds.
+    let rfc: i64 = redis::cmd("LEAF.FROMTIME")
+        .arg("2025-11-24T16:00:00.123Z")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(rfc, layout.first_id_at(1_764_000_000_123).unwrap());
+    let mut raw = server.raw().await;
+    assert_eq!(
+        raw.send(&resp(&[b"LEAF.FROMTIME", b"1000"]), 1).await,
+        "-ERR 1000 ms is before the snowflake epoch (1288834974657 ms)\r\n"
+    );
+    assert_eq!(
+        raw.send(&resp(&[b"LEAF.FROMTIME", b"soon"]), 1).await,
+        "-ERR 'soon' is not a time: give UNIX milliseconds or RFC 3339 in UTC (2026-12-03T10:00:00Z)\r\n"
+    );
+    let far = (layout.max_timestamp_ms() + 1).to_string();
+    let (status, body) = {
+        let r = reqwest::get(server.http_url(&format!("/fromtime/{far}")))
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    assert_eq!(status, 400);
+    assert!(body.contains("past the last millisecond"), "{body}");
+    server.stop().await;
+}

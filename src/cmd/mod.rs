@@ -175,6 +175,7 @@ async fn run(id: CommandId, ctx: &Arc<Context>, session: &mut Session, args: &[&
         Snowflake => snowflake::snowflake(args, ctx).await,
         Get => snowflake::get(args[1], ctx).await,
         LeafDecode => snowflake::decode(args, ctx),
+        LeafFromTime => snowflake::from_time(args, ctx),
         Ping => connection::ping(args, session),
         Echo => Reply::Bulk(Bytes::copy_from_slice(args[1])),
         Hello => connection::hello(args, ctx, session),

@@ -105,6 +105,25 @@ pub async fn get(key: &[u8], ctx: &Arc<Context>) -> Reply {
     }
 }
 
+/// `LEAF.FROMTIME <unix ms | RFC 3339>`: the smallest snowflake ID of that instant in this
+/// server's layout, for range queries on ID columns.
+pub fn from_time(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
+    let mut cursor = ArgCursor::new(args);
+    let text = match cursor
+        .next_bytes()
+        .and_then(|t| cursor.finish().map(|()| t))
+    {
+        Ok(text) => lossy(text),
+        Err(e) => return arg_error("leaf.fromtime", e),
+    };
+    match crate::engine::snowflake::parse_instant(&text)
+        .and_then(|ms| ctx.snowflake_layout.first_id_at(ms))
+    {
+        Ok(id) => Reply::Integer(id),
+        Err(why) => Reply::error(format!("ERR {why}")),
+    }
+}
+
 /// `LEAF.DECODE <id>`: timestamp, UTC time, worker id and sequence of a snowflake ID.
 pub fn decode(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     let mut cursor = ArgCursor::new(args);

@@ -94,3 +94,17 @@ pub(super) async fn decode(
     }))
     .into_response()
 }
+
+/// `GET /fromtime/{t}`: LEAF.FROMTIME over HTTP, the ID as plain text.
+pub(super) async fn from_time(
+    _: Caller,
+    State(ctx): State<Arc<Context>>,
+    Path(t): Path<String>,
+) -> Response {
+    match crate::engine::snowflake::parse_instant(&t)
+        .and_then(|ms| ctx.snowflake_layout.first_id_at(ms))
+    {
+        Ok(id) => text(StatusCode::OK, id.to_string()),
+        Err(why) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
+    }
+}

@@ -9,7 +9,7 @@ mod leaf_api;
 use admin::{create_tag, update_tag};
 use cache_page::cache;
 pub use caller::{AdminCaller, Caller};
-use leaf_api::{decode, segment_id, snowflake_id};
+use leaf_api::{decode, from_time, segment_id, snowflake_id};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -87,6 +87,7 @@ pub fn router(ctx: Arc<Context>) -> Router {
         .route("/api/segment/get/{tag}", get(segment_id).head(no_head))
         .route("/api/snowflake/get/{key}", get(snowflake_id).head(no_head))
         .route("/decode/{id}", get(decode))
+        .route("/fromtime/{t}", get(from_time))
         .route("/cache", get(cache))
         .route("/api/segment/tags", post(create_tag))
         .route("/api/segment/tags/{tag}", patch(update_tag))

@@ -68,4 +68,33 @@ for t in threads:
     t.join()
 for ids in results:
     unique(ids, "pool")
-print(f"redis-py {redis.__version__}: {len(seen)} unique IDs")
+# LEAF.FROMTIME: the smallest ID of an instant. Every ID issued at or after t is >= it, every
+# one issued before t is below it (checked on IDs really issued either side of t).
+import time
+issued = []
+deadline = time.monotonic() + 0.03
+while time.monotonic() < deadline:
+    issued += r.execute_command("SNOWFLAKE", 200)
+pipe = r.pipeline(transaction=False)
+for i in issued:
+    pipe.execute_command("LEAF.DECODE", i)
+times = pipe.execute()
+def field(reply, name):
+    if isinstance(reply, dict):
+        return reply.get(name.encode(), reply.get(name))
+    pairs = dict(zip(reply[::2], reply[1::2]))
+    return pairs.get(name.encode(), pairs.get(name))
+stamps = [field(t, "timestamp_ms") for t in times]
+boundaries = sorted(set(stamps))[1:]
+assert len(boundaries) >= 3, f"30 ms of SNOWFLAKE spanned {len(boundaries) + 1} milliseconds"
+for t in boundaries:
+    first = r.execute_command("LEAF.FROMTIME", t)
+    before = [i for i, s in zip(issued, stamps) if s < t]
+    after = [i for i, s in zip(issued, stamps) if s >= t]
+    assert max(before) < first <= min(after), (t, first, max(before), min(after))
+try:
+    r.execute_command("LEAF.FROMTIME", "1000")
+    raise AssertionError("a time before the epoch must be refused")
+except redis.ResponseError as e:
+    assert "before the snowflake epoch" in str(e), e
+print(f"redis-py {redis.__version__}: {len(seen)} unique IDs, LEAF.FROMTIME checked at {len(boundaries)} instants")

@@ -32,9 +32,7 @@ seconds until it served again, the error replies by kind, and a summary line.
 """
 import argparse
 import collections
-import contextlib
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -46,6 +44,8 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import leafd  # noqa: E402
+import servers  # noqa: E402
+from servers import run, wait_until  # noqa: E402
 
 TAG = "failover"
 STEP = 100
@@ -54,7 +54,6 @@ CLIENTS = 3          # per node: a 2-core machine runs 9 clients, 3 nodes and 2 
 BATCH = 10           # INCRs per pipelined batch
 WARM, FREEZE, AFTER, AFTER_MAX = 2.0, 2.5, 3.0, 10.0
 DOWN = 1.0  # from the kill to the promotion: a failover manager's detection time
-PG_BIN = "/usr/lib/postgresql/15/bin"
 NODE_CONFIG = {
     # A fixed step: loads (allocations) keep coming every hundred IDs, so a 2.5 s freeze loses
     # many of them.
@@ -62,127 +61,6 @@ NODE_CONFIG = {
     # Snowflake's database worker leases would be lost in the failover too: not this test.
     "snowflake": {"enabled": False},
 }
-
-
-def run(cmd, timeout=30, user=None, check=True):
-    """A command's stdout (stripped); RuntimeError with its stderr when it fails."""
-    try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **as_user(user))
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{cmd[0]} did not finish in {timeout} s: {' '.join(cmd)}") from None
-    if check and result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({result.returncode}): "
-                           f"{(result.stderr or result.stdout).strip()[-800:]}")
-    return result.stdout.strip()
-
-
-def as_user(user):
-    """Popen arguments that run a process as `user` when we are root (PostgreSQL refuses to run
-    as root), nothing otherwise."""
-    if user is None or os.geteuid() != 0:
-        return {}
-    return {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
-
-
-def owned_dir(path, user):
-    os.makedirs(path)
-    if user is not None and os.geteuid() == 0:
-        pw = pwd.getpwnam(user)
-        os.chown(path, pw.pw_uid, pw.pw_gid)
-    return path
-
-
-def wait_until(what, seconds, probe, interval=0.1):
-    """Calls probe() until it returns a true value (returned); RuntimeError after `seconds`.
-    Errors of the probe (a server still starting) count as "not yet"."""
-    deadline = time.monotonic() + seconds
-    last = None
-    while True:
-        try:
-            value = probe()
-            if value:
-                return value
-        except (RuntimeError, OSError) as e:
-            last = e
-        if time.monotonic() >= deadline:
-            raise RuntimeError(f"{what}: not after {seconds} s" + (f" (last error: {last})" if last else ""))
-        time.sleep(interval)
-
-
-def processes():
-    """{pid: (state, ppid)} of every process (from /proc)."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError, IndexError):
-            continue
-        out[int(entry)] = (state, int(ppid))
-    return out
-
-
-def descendants(pid):
-    children = collections.defaultdict(list)
-    for child, (_, ppid) in processes().items():
-        children[ppid].append(child)
-    out, todo = [], [pid]
-    while todo:
-        for child in children[todo.pop()]:
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def running(pid):
-    """Whether `pid` runs (a zombie, not yet reaped by its new parent, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-class Server:
-    """A database server process. kill() takes it and every process it started at once
-    (PostgreSQL's backends, WAL sender and writer, each in a session of its own, so a signal to
-    the postmaster's process group would miss them), as a host dying would: a postmaster
-    killed alone leaves backends that finish their transactions."""
-
-    def __init__(self, name, cmd, log_path, user=None):
-        self.name = name
-        # A session of its own: a Ctrl-C meant for the test does not stop it behind its back.
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         **as_user(user))
-        self.log_path = log_path
-        self.killed = []  # the pids kill() sent SIGKILL to
-
-    def kill(self):
-        if self.proc.poll() is None:
-            # Stopped first, the server forks no new process while its children are listed.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGSTOP)
-            self.killed = [self.proc.pid] + descendants(self.proc.pid)
-            for pid in self.killed:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        self.proc.wait(10)
-        # Until none of them runs (their System V segment is detached, nothing can commit).
-        deadline = time.monotonic() + 5
-        while any(running(pid) for pid in self.killed) and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-    def log_tail(self, lines=8):
-        try:
-            with open(self.log_path, errors="replace") as f:
-                text = f.read().splitlines()[-lines:]
-        except OSError:
-            return ""
-        return "\n".join(f"  {self.name}| {line[:250]}" for line in text)
 
 
 # --- the two dialects ---------------------------------------------------------------------------
@@ -224,7 +102,7 @@ class PostgresPair(Pair):
 
     def __init__(self, work):
         super().__init__(work)
-        self.dir = owned_dir(os.path.join(work, "pg"), self.USER)
+        self.dir = servers.owned_dir(os.path.join(work, "pg"), self.USER)
         self.primary_dir = os.path.join(self.dir, "primary")
         self.replica_dir = os.path.join(self.dir, "replica")
 
@@ -232,27 +110,22 @@ class PostgresPair(Pair):
         return f"postgres://postgres@127.0.0.1:{port}/leafd?sslmode=disable"
 
     def sql(self, port, statement, database="postgres"):
-        return run(["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", database, "-X",
-                    "-At", "-v", "ON_ERROR_STOP=1", "-c", statement], timeout=15)
+        return servers.psql(port, statement, database=database)
 
     def _postgres(self, name, data_dir, port):
-        # Asynchronous streaming replication: no synchronous_standby_names. fsync off: the test
-        # kills servers, not the machine (the kernel keeps what they wrote), on a shared disk.
-        cmd = [f"{PG_BIN}/postgres", "-D", data_dir, "-c", "listen_addresses=127.0.0.1",
-               "-c", f"port={port}", "-c", f"unix_socket_directories={self.dir}",
-               "-c", "wal_level=replica", "-c", "max_wal_senders=4", "-c", "hot_standby=on",
-               "-c", "synchronous_standby_names=", "-c", "fsync=off", "-c", "shared_buffers=16MB",
-               "-c", "max_connections=60", "-c", "dynamic_shared_memory_type=mmap"]
-        return Server(f"pg-{name}", cmd, os.path.join(self.dir, f"{name}.log"), user=self.USER)
+        # Asynchronous streaming replication: no synchronous_standby_names.
+        return servers.postgres_server(
+            f"pg-{name}", data_dir, port, self.dir, os.path.join(self.dir, f"{name}.log"),
+            {"wal_level": "replica", "max_wal_senders": 4, "hot_standby": "on",
+             "synchronous_standby_names": ""}, user=self.USER)
 
     def start(self):
-        run([f"{PG_BIN}/initdb", "-D", self.primary_dir, "-U", "postgres", "--auth=trust", "-E", "UTF8",
-             "--no-sync"], timeout=60, user=self.USER)
+        servers.initdb(self.primary_dir, user=self.USER)
         self.primary = self._postgres("primary", self.primary_dir, self.primary_port)
         wait_until("PostgreSQL primary ready", 30, lambda: self.sql(self.primary_port, "SELECT 1") == "1")
         # The base backup goes through the proxy, so -R writes the proxy into primary_conninfo.
         self.repl_proxy = leafd.TcpProxy(("127.0.0.1", self.primary_port), name="pg-replication")
-        run([f"{PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", str(self.repl_proxy.port),
+        run([f"{servers.PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", str(self.repl_proxy.port),
              "-U", "postgres", "-D", self.replica_dir, "-R", "-X", "stream", "-c", "fast", "--no-sync"],
             timeout=90, user=self.USER)
         self.replica = self._postgres("replica", self.replica_dir, self.replica_port)
@@ -270,7 +143,7 @@ class PostgresPair(Pair):
         self._release_shared_memory(self.primary_dir)
 
     def promote(self):
-        run([f"{PG_BIN}/pg_ctl", "promote", "-D", self.replica_dir, "-w", "-t", "30"], timeout=40,
+        run([f"{servers.PG_BIN}/pg_ctl", "promote", "-D", self.replica_dir, "-w", "-t", "30"], timeout=40,
             user=self.USER)
         wait_until("promoted replica accepts writes", 20, lambda: self.sql(
             self.replica_port, "SELECT pg_is_in_recovery()") == "f")
@@ -282,19 +155,7 @@ class PostgresPair(Pair):
 
     @staticmethod
     def _release_shared_memory(data_dir):
-        """A postmaster killed with SIGKILL leaves its small System V segment (key and id on
-        line 7 of postmaster.pid): removed, so runs leak nothing. Only that very segment
-        (same key and id) and only once nothing is attached to it."""
-        try:
-            with open(os.path.join(data_dir, "postmaster.pid")) as f:
-                key, shmid = (int(v) for v in f.read().splitlines()[6].split())
-            with open("/proc/sysvipc/shm") as f:
-                rows = [line.split() for line in f.read().splitlines()[1:]]
-        except (OSError, IndexError, ValueError):
-            return
-        for row in rows:  # key shmid perms size cpid lpid nattch ...
-            if int(row[0]) == key and int(row[1]) == shmid and int(row[6]) == 0:
-                subprocess.run(["ipcrm", "-m", str(shmid)], capture_output=True, timeout=10)
+        servers.release_postgres_shared_memory(data_dir)
 
 
 class MariaDBPair(Pair):
@@ -309,42 +170,15 @@ class MariaDBPair(Pair):
         return f"mysql://root@127.0.0.1:{port}/leafd?ssl-mode=disabled"
 
     def sql(self, port, statement, database=None, vertical=False):
-        cmd = ["mysql", "-uroot", "-h127.0.0.1", f"-P{port}", "--connect-timeout=5", "-B"]
-        # Vertical output ("Column: value" lines) needs the column names.
-        cmd.append("-E" if vertical else "-N")
-        cmd += ["-e", statement] + ([database] if database else [])
-        return run(cmd, timeout=15)
+        return servers.mysql(port, statement, database, vertical)
 
     def _mariadbd(self, name, port, extra):
-        data = os.path.join(self.dir, name)
-        return Server(f"mariadb-{name}", [
-            "/usr/sbin/mariadbd", "--no-defaults", f"--datadir={data}", "--user=root", f"--port={port}",
-            "--bind-address=127.0.0.1", f"--socket={data}.sock", f"--pid-file={data}.pid",
-            f"--tmpdir={data}-tmp",
-            "--innodb-buffer-pool-size=32M", "--innodb-flush-log-at-trx-commit=2",
-            f"--log-error={self.dir}/{name}.err", "--skip-name-resolve"] + extra,
-            os.path.join(self.dir, f"{name}.err"))
+        return servers.mariadb_server(self.dir, name, port, extra)
 
     def start(self):
-        # Both data directories at once (each takes a couple of seconds). The grant tables are
-        # kept: root@127.0.0.1 without a password, as replication user too.
-        installs = []
-        for name in ("primary", "replica"):
-            # A temporary directory each: two bootstraps at once in /tmp can collide on their
-            # temporary tables ("Unknown table 'mysql.tmp_user_sys'").
-            os.makedirs(f"{self.dir}/{name}-tmp")
-            with open(f"{self.dir}/{name}-install.log", "wb") as log:
-                installs.append((name, subprocess.Popen(
-                    ["mariadb-install-db", "--no-defaults", f"--datadir={self.dir}/{name}",
-                     f"--tmpdir={self.dir}/{name}-tmp", "--user=root",
-                     "--skip-test-db", "--auth-root-authentication-method=normal"],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
-        statuses = [(name, p.wait(120)) for name, p in installs]  # both, before any error
-        for name, status in statuses:
-            if status != 0:
-                with open(f"{self.dir}/{name}-install.log", errors="replace") as f:
-                    tail = f.read()[-1500:]
-                raise RuntimeError(f"mariadb-install-db ({name}) failed with status {status}:\n{tail}")
+        # Both data directories at once. The grant tables are kept: root@127.0.0.1 without a
+        # password, as replication user too.
+        servers.install_mariadb(self.dir, ["primary", "replica"])
         self.primary = self._mariadbd("primary", self.primary_port, [
             "--server-id=1", f"--log-bin={self.dir}/primary-bin", "--binlog-format=ROW"])
         self.replica = self._mariadbd("replica", self.replica_port, [

@@ -66,6 +66,25 @@ impl Layout {
         self.epoch_ms + ((1u64 << self.timestamp_bits) - 1)
     }
 
+    /// The smallest ID of the millisecond `timestamp_ms` (worker 0, sequence 0): every ID
+    /// issued at or after that instant is at least this, every one issued before is below, so
+    /// `id >= first_id_at(t1) AND id < first_id_at(t2)` selects the IDs of `[t1, t2)`.
+    pub fn first_id_at(&self, timestamp_ms: u64) -> Result<i64, String> {
+        if timestamp_ms < self.epoch_ms {
+            return Err(format!(
+                "{timestamp_ms} ms is before the snowflake epoch ({} ms)",
+                self.epoch_ms
+            ));
+        }
+        if timestamp_ms > self.max_timestamp_ms() {
+            return Err(format!(
+                "{timestamp_ms} ms is past the last millisecond this layout can encode ({} ms)",
+                self.max_timestamp_ms()
+            ));
+        }
+        Ok(self.encode(timestamp_ms, 0, 0))
+    }
+
     /// Packs the fields; the caller guarantees each is in range.
     pub fn encode(&self, timestamp_ms: u64, worker_id: u64, sequence: u64) -> i64 {
         let since_epoch = timestamp_ms - self.epoch_ms;
@@ -74,7 +93,6 @@ impl Layout {
             | sequence) as i64
     }
 
-    /// Unpacks an ID; `None` for a negative number, which no layout produces.
     /// The fields of `id`; `None` unless it is positive (0 is no ID any layout issues).
     pub fn decode(&self, id: i64) -> Option<Decoded> {
         if id <= 0 {
@@ -87,6 +105,21 @@ impl Layout {
             sequence: id & self.max_sequence(),
         })
     }
+}
+
+/// An instant as users write it: UNIX milliseconds, or RFC 3339 in UTC
+/// (`2026-12-03T10:00:00Z`, `2026-12-03T10:00:00.250Z`).
+pub fn parse_instant(text: &str) -> Result<u64, String> {
+    if let Ok(ms) = text.parse::<u64>() {
+        return Ok(ms);
+    }
+    humantime::parse_rfc3339_weak(text.trim_end_matches(['Z', 'z']))
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| u64::try_from(d.as_millis()).ok())
+        .ok_or_else(|| {
+            format!("'{text}' is not a time: give UNIX milliseconds or RFC 3339 in UTC (2026-12-03T10:00:00Z)")
+        })
 }
 
 #[cfg(test)]
@@ -116,6 +149,35 @@ mod tests {
                 })
             );
         }
+    }
+
+    #[test]
+    fn first_id_at_bounds_the_ids_of_an_instant() {
+        let layout = Layout::default();
+        let t = 1_764_000_000_123;
+        let first = layout.first_id_at(t).unwrap();
+        assert_eq!(first, layout.encode(t, 0, 0));
+        assert!(layout.encode(t - 1, 1023, 4095) < first);
+        assert!(layout.encode(t, 0, 0) >= first);
+        assert_eq!(
+            layout.first_id_at(t + 1).unwrap(),
+            layout.encode(t, 1023, 4095) + 1
+        );
+        assert!(layout
+            .first_id_at(TWITTER_EPOCH_MS - 1)
+            .unwrap_err()
+            .contains("before the snowflake epoch"));
+        assert!(layout
+            .first_id_at(layout.max_timestamp_ms() + 1)
+            .unwrap_err()
+            .contains("past the last millisecond"));
+        assert_eq!(parse_instant("1764000000123"), Ok(1_764_000_000_123));
+        assert_eq!(
+            parse_instant("2025-11-24T16:00:00.123Z"),
+            Ok(1_764_000_000_123)
+        );
+        assert_eq!(parse_instant("2025-11-24T16:00:00Z"), Ok(1_764_000_000_000));
+        assert!(parse_instant("yesterday").is_err());
     }
 
     #[test]
