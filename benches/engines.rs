@@ -35,6 +35,7 @@ fn segment_engine(rt: &tokio::runtime::Runtime, metrics: Arc<Metrics>) -> Arc<Se
         load_timeout: Duration::from_secs(1),
         max_tags: 1000,
         failover_margin: 0,
+        auto_create: None,
     };
     let engine = SegmentEngine::new(
         Arc::new(MemoryStore::new()),

@@ -15,7 +15,7 @@ use crate::coord::static_id::StaticCoordinator;
 use crate::coord::zookeeper::ZkCoordinator;
 use crate::coord::{self, CoordError, Coordinator, Worker};
 use crate::engine::segment::{validate_tag_name, MAX_TAG_START};
-use crate::engine::segment::{SegmentEngine, SegmentError, SegmentSettings};
+use crate::engine::segment::{AutoCreate, SegmentEngine, SegmentError, SegmentSettings};
 use crate::engine::snowflake::{Layout, SnowflakeEngine};
 use crate::metrics::Metrics;
 use crate::storage::{self, DeferredStore, OnRuntime, SegmentMarks, SegmentStore, StoreError};
@@ -95,6 +95,13 @@ fn segment_settings(c: &SegmentConfig) -> SegmentSettings {
         load_timeout: Duration::from_millis(c.load_timeout_ms),
         max_tags: c.max_tags,
         failover_margin: c.failover_margin,
+        auto_create: c.auto_create.then(|| {
+            let pattern = crate::cmd::glob::Glob::new(c.auto_create_pattern.as_bytes());
+            AutoCreate {
+                allows: Arc::new(move |tag: &str| pattern.matches(tag.as_bytes())),
+                step: c.auto_create_step,
+            }
+        }),
     }
 }
 

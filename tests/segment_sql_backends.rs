@@ -538,6 +538,17 @@ macro_rules! backend_tests {
                 server.stop().await;
             }
 
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tags_created_on_first_use() {
+                let Some(url) = $backend
+                    .fresh_database(concat!(stringify!($module), "::auto_create"))
+                    .await
+                else {
+                    return;
+                };
+                scenarios::tags_created_on_first_use(&url).await;
+            }
+
             /// Three rounds of six nodes started at once, each round on a fresh database.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn nodes_started_at_once_all_come_up() {

@@ -149,3 +149,10 @@ async fn nodes_started_at_once_on_a_new_file_all_come_up() {
         scenarios::nodes_started_at_once_all_come_up(&url, 6).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tags_created_on_first_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/leafd.db", dir.path().display());
+    scenarios::tags_created_on_first_use(&url).await;
+}

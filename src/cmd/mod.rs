@@ -3,7 +3,7 @@
 
 mod admin;
 mod connection;
-mod glob;
+pub(crate) mod glob;
 mod key;
 mod segment;
 mod server;

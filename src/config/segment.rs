@@ -19,6 +19,13 @@ pub struct SegmentConfig {
     /// IDs an allocation skips when the tag's previous allocation was made by another
     /// database instance (a failover or restore may have lost allocations up to this many IDs).
     pub failover_margin: i64,
+    /// Create an unknown tag on its first use (`INCR segment:new`), when its name matches
+    /// `auto_create_pattern`. Off: an unknown tag is an error.
+    pub auto_create: bool,
+    /// Redis-style glob (`*`, `?`, `[a-z]`) of the tag names `auto_create` may create.
+    pub auto_create_pattern: String,
+    /// The step of a tag created on first use.
+    pub auto_create_step: i64,
     /// Tags created at start when absent (`[[segment.tags]]`).
     pub tags: Vec<TagSeed>,
 }
@@ -32,6 +39,9 @@ impl Default for SegmentConfig {
             load_timeout_ms: 1000,
             max_tags: 10_000,
             failover_margin: 10_000_000,
+            auto_create: false,
+            auto_create_pattern: "*".into(),
+            auto_create_step: 1000,
             tags: Vec::new(),
         }
     }
@@ -62,6 +72,12 @@ impl SegmentConfig {
         }
         if self.refresh_interval_secs == 0 || self.load_timeout_ms == 0 {
             return Err("segment.refresh_interval_secs and load_timeout_ms must be > 0".into());
+        }
+        if self.auto_create && !(1..=self.max_step).contains(&self.auto_create_step) {
+            return Err(format!(
+                "segment.auto_create_step must be between 1 and {}",
+                self.max_step
+            ));
         }
         if self.failover_margin < 0 {
             return Err("segment.failover_margin must be 0 or more IDs".into());

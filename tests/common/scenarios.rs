@@ -256,3 +256,69 @@ pub async fn nodes_started_at_once_all_come_up(url: &str, nodes: usize) {
         app.close().await;
     }
 }
+
+/// `segment.auto_create` on two nodes sharing `url`: both race to create `auto-a` by using it
+/// and serve distinct IDs of its one row; a name outside the pattern stays unknown; created
+/// tags count against `segment.max_tags`; HTTP creates as RESP does.
+pub async fn tags_created_on_first_use(url: &str) {
+    let config = || {
+        let mut config = leafd::config::Config::default();
+        config.storage.url = url.to_string();
+        config.segment.auto_create = true;
+        config.segment.auto_create_pattern = "auto-*".into();
+        config.segment.auto_create_step = 10;
+        config.segment.max_tags = 3;
+        config.segment.adaptive_step = false;
+        config
+    };
+    let nodes = [
+        TestServer::start(config()).await,
+        TestServer::start(config()).await,
+    ];
+    let mut tasks = Vec::new();
+    for node in &nodes {
+        for _ in 0..4 {
+            let mut con = node.client().await;
+            tasks.push(tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for _ in 0..100 {
+                    let id: i64 = con.incr("segment:auto-a", 1).await.unwrap();
+                    ids.push(id);
+                }
+                ids
+            }));
+        }
+    }
+    let mut seen = HashSet::new();
+    for task in tasks {
+        for id in task.await.unwrap() {
+            assert!(seen.insert(id), "repeated {id}");
+        }
+    }
+    assert_eq!(seen.len(), 800);
+    let mut con = nodes[1].client().await;
+    let unknown: redis::RedisResult<i64> = con.incr("segment:other", 1).await;
+    assert_eq!(
+        unknown.unwrap_err().to_string(),
+        "ResponseError: unknown tag 'other'",
+        "outside the pattern"
+    );
+    let over_http = reqwest::get(nodes[0].http_url("/api/segment/get/auto-b"))
+        .await
+        .unwrap();
+    assert_eq!(over_http.status().as_u16(), 200);
+    assert_eq!(over_http.text().await.unwrap(), "1");
+    let third: i64 = con.incr("segment:auto-c", 1).await.unwrap();
+    assert_eq!(third, 1);
+    let refused: redis::RedisResult<i64> = con.incr("segment:auto-d", 1).await;
+    assert!(
+        refused
+            .unwrap_err()
+            .to_string()
+            .contains("tag limit reached: the table has 3 tags (segment.max_tags = 3)"),
+        "counted by max_tags"
+    );
+    for node in nodes {
+        node.stop().await;
+    }
+}

@@ -34,6 +34,24 @@ pub struct SegmentSettings {
     /// IDs an allocation skips when the database instance that made the tag's previous
     /// allocation is not the one answering (see `storage::failover`).
     pub failover_margin: i64,
+    /// Unknown tags that may be created by their first use, and with what step.
+    pub auto_create: Option<AutoCreate>,
+}
+
+/// `segment.auto_create`: which unknown tags a request creates, and their step.
+#[derive(Clone)]
+pub struct AutoCreate {
+    /// Whether a tag name may be created on first use (the configured pattern).
+    pub allows: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    pub step: i64,
+}
+
+impl std::fmt::Debug for AutoCreate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AutoCreate")
+            .field("step", &self.step)
+            .finish()
+    }
 }
 
 /// Errors a caller of the engine can get; the RESP and HTTP layers map them to replies.

@@ -51,6 +51,43 @@ impl SegmentEngine {
                 })?;
             *last_refresh = Some(now);
         }
+        if let Some(buffer) = self.tags.load().get(tag.as_bytes()) {
+            return Ok(buffer.clone());
+        }
+        drop(last_refresh);
+        self.create_on_first_use(tag).await
+    }
+
+    /// `segment.auto_create`: an unknown tag the pattern allows is created (one INSERT, so
+    /// nodes racing to create it agree on one row and serve distinct ranges of it), counted by
+    /// `segment.max_tags` like any other.
+    async fn create_on_first_use(&self, tag: &str) -> Result<Arc<TagBuffer>, SegmentError> {
+        let Some(auto) = self
+            .settings
+            .auto_create
+            .as_ref()
+            .filter(|auto| (auto.allows)(tag))
+        else {
+            return Err(SegmentError::UnknownTag(tag.to_string()));
+        };
+        if self
+            .ensure_tag(tag, auto.step, 1, Some("created on first use"))
+            .await?
+        {
+            tracing::info!(
+                tag,
+                step = auto.step,
+                "tag created on first use (segment.auto_create)"
+            );
+        } else {
+            // Another node created it first: read its row.
+            self.refresh_tags()
+                .await
+                .map_err(|e| SegmentError::Unavailable {
+                    tag: tag.to_string(),
+                    reason: store_reason(&e),
+                })?;
+        }
         self.tags
             .load()
             .get(tag.as_bytes())

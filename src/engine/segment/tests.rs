@@ -11,6 +11,7 @@ fn engine(max_step: i64, clock: Arc<ManualClock>) -> Arc<SegmentEngine> {
         load_timeout: Duration::from_secs(1),
         max_tags: 1000,
         failover_margin: 0,
+        auto_create: None,
     };
     SegmentEngine::new(
         Arc::new(MemoryStore::new()),
@@ -130,6 +131,7 @@ async fn a_block_reserved_during_a_slow_load_is_not_taken_for_a_rollback() {
         load_timeout: Duration::from_secs(2),
         max_tags: 10,
         failover_margin: 0,
+        auto_create: None,
     };
     let engine = SegmentEngine::new(
         Arc::new(LateAnswers(MemoryStore::new())),
