@@ -463,3 +463,47 @@ async fn api_edges_answer_clearly_and_change_nothing() {
     );
     server.stop().await;
 }
+
+/// INFO memory and INFO commandstats say what Redis dashboards read from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_memory_and_commandstats() {
+    let server = server().await;
+    let mut con = server.client().await;
+    for _ in 0..5 {
+        let _: i64 = redis::cmd("INCR")
+            .arg("segment:web")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    let _ = redis::cmd("INCR")
+        .arg("segment:missing")
+        .query_async::<i64>(&mut con)
+        .await;
+    let memory: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let used: u64 = memory
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .expect("used_memory")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(used > 1_000_000, "{memory}");
+    assert!(memory.contains("maxmemory_policy:noeviction"), "{memory}");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let incr = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_incr:"))
+        .unwrap_or_else(|| panic!("{stats}"));
+    assert!(incr.starts_with("cmdstat_incr:calls=6,usec="), "{incr}");
+    assert!(incr.ends_with(",rejected_calls=0,failed_calls=1"), "{incr}");
+    server.stop().await;
+}

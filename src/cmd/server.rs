@@ -141,6 +141,15 @@ pub fn info(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
             ctx.stats.rejected_connections.load(Ordering::Relaxed),
         );
     }
+    if show("memory") {
+        let rss = resident_bytes();
+        let _ = write!(
+            out,
+            "# Memory\r\nused_memory:{rss}\r\nused_memory_human:{:.2}M\r\nused_memory_rss:{rss}\r\n\
+             maxmemory:0\r\nmaxmemory_policy:noeviction\r\n\r\n",
+            rss as f64 / (1024.0 * 1024.0)
+        );
+    }
     if show("persistence") {
         out.push_str("# Persistence\r\nloading:0\r\n\r\n");
     }
@@ -183,6 +192,21 @@ pub fn info(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
                 out,
                 "{kind}_connected:{}\r\n{kind}_last_report_age_ms:{age}\r\n",
                 status.connected() as u8
+            );
+        }
+        out.push_str("\r\n");
+    }
+    // Only on request, as redis-server does (not part of INFO or INFO all's default set).
+    if wanted
+        .iter()
+        .any(|w| w == "commandstats" || w == "everything")
+    {
+        out.push_str("# Commandstats\r\n");
+        for (name, calls, usec, failed) in ctx.metrics.command_stats() {
+            let per_call = usec as f64 / calls as f64;
+            let _ = write!(
+                out,
+                "cmdstat_{name}:calls={calls},usec={usec},usec_per_call={per_call:.2},rejected_calls=0,failed_calls={failed}\r\n"
             );
         }
         out.push_str("\r\n");
@@ -265,4 +289,13 @@ pub fn shutdown(args: &[&[u8]], ctx: &Arc<Context>, session: &mut crate::cmd::Se
     session.silent = true;
     session.closing = true;
     Reply::ok()
+}
+
+/// The resident memory of this process in bytes (0 where /proc is not there): leafd's dataset
+/// is its buffers and connections, so what it uses is what it holds.
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
 }

@@ -32,7 +32,7 @@ pub(super) const LATENCY_BOUNDS_NANOS: [u64; 17] = [
 pub struct LatencyHistogram {
     /// Per-bucket (not cumulative) counts; the last one is `+Inf`.
     buckets: [AtomicU64; LATENCY_BOUNDS_NANOS.len() + 1],
-    sum_nanos: AtomicU64,
+    pub(super) sum_nanos: AtomicU64,
 }
 
 impl Default for LatencyHistogram {

@@ -76,6 +76,20 @@ impl Metrics {
         metrics
     }
 
+    /// Per command that ran: its name, calls, total microseconds and failed calls (INFO
+    /// commandstats). Empty when metrics are disabled.
+    pub fn command_stats(&self) -> Vec<(&'static str, u64, u64, u64)> {
+        self.command_names
+            .iter()
+            .zip(&self.commands)
+            .map(|(name, c)| {
+                let micros = c.duration.sum_nanos.load(Ordering::Relaxed) / 1000;
+                (*name, c.count(), micros, c.errors.load(Ordering::Relaxed))
+            })
+            .filter(|(_, calls, _, _)| *calls > 0)
+            .collect()
+    }
+
     /// False for [`Metrics::disabled`]: callers then skip even the clock reads.
     pub fn enabled(&self) -> bool {
         !self.commands.is_empty()

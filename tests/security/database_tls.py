@@ -118,8 +118,7 @@ hostssl   all  leafd       127.0.0.0/8 scram-sha-256
 """
 
 
-def start_postgres(work, files):
-    pg = servers.PrivatePostgres(work, "pg", listen=LISTEN)
+def setup_postgres(pg, files):
     pg.init()
     tls = {}
     for name in ("server", "server.key", "ca"):
@@ -139,8 +138,7 @@ def start_postgres(work, files):
     return pg
 
 
-def start_mariadb(work, files):
-    db = servers.PrivateMariaDB(work, "mariadb", bind=LISTEN)
+def setup_mariadb(db, files):
     db.install()
     db.start([f"--ssl-ca={files['ca']}", f"--ssl-cert={files['server']}", f"--ssl-key={files['server.key']}",
               "--require-secure-transport=ON"])
@@ -151,22 +149,22 @@ def start_mariadb(work, files):
 
 
 def in_parallel(*jobs):
-    """Runs the callables at once (the two servers' setups); their results in order. The first
-    error is raised once all have finished; what the others made is still returned through
-    `made` for the clean-up."""
-    results, errors = [None] * len(jobs), [None] * len(jobs)
+    """Runs the callables at once (the two servers' setups, a few seconds each); the first
+    error is raised once all have finished."""
+    errors = []
 
-    def call(i, job):
+    def call(job):
         try:
-            results[i] = job()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors[i] = e
-    threads = [threading.Thread(target=call, args=(i, job), daemon=True) for i, job in enumerate(jobs)]
+            job()
+        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(e)
+    threads = [threading.Thread(target=call, args=(job,), daemon=True) for job in jobs]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return results, [e for e in errors if e is not None]
+    if errors:
+        raise errors[0]
 
 
 # --- the cases ----------------------------------------------------------------------------------
@@ -255,9 +253,8 @@ def mariadb_cases(db, f):
 
 
 def leafd_env():
-    """The environment leafd runs with: none of LEAFD_* (settings) nor PG* (libpq's variables,
-    which sqlx reads too: PGSSLROOTCERT would change what "no sslrootcert" means)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEAFD_", "PG"))}
+    """The environment `leafd migrate` runs with (as leafd.Node's): no LEAFD_* (settings)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFD_")}
     env.update({"NO_COLOR": "1", "RUST_LOG": "warn"})
     return env
 
@@ -313,7 +310,7 @@ def serve_check(binary, work, dialect, url, encrypted_connections):
     """A node on `url` must serve: INCR segment:<tag> 15 times with step 10 (two allocations
     over TLS), SNOWFLAKE; `encrypted_connections()` -> (encrypted, plain) database connections
     of the node seen by the server, or None. Returns (failures, description)."""
-    node = leafd.Node(binary, work, f"{dialect}-node", url, env={"PGSSLROOTCERT": "", "RUST_LOG": "info"})
+    node = leafd.Node(binary, work, f"{dialect}-node", url)
     failures = []
     try:
         node.start().wait_ready(30)
@@ -351,8 +348,7 @@ def unready_check(binary, work, dialect, url, words, seconds=10):
     answers 503 with a reason, INCR is not served, and the log says why (every one of `words`).
     Returns (failures, /ready's text, the log line)."""
     http_port = leafd.free_port()
-    node = leafd.Node(binary, work, f"{dialect}-wrong-ca", url, http_bind=f"127.0.0.1:{http_port}",
-                      env={"PGSSLROOTCERT": ""})
+    node = leafd.Node(binary, work, f"{dialect}-wrong-ca", url, http_bind=f"127.0.0.1:{http_port}")
     failures = []
     ready = line = ""
     try:
@@ -405,6 +401,10 @@ def main():
         raise SystemExit(f"no leafd binary at {binary}")
     # SIGTERM (a CI time limit) runs the finally blocks: servers and nodes killed, files removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # libpq's variables, which sqlx reads too (PGSSLROOTCERT would change what "no sslrootcert"
+    # means), stay out of leafd's environment and psql's.
+    for key in [k for k in os.environ if k.startswith("PG")]:
+        del os.environ[key]
     began = time.monotonic()
     work = tempfile.mkdtemp(prefix="leafd-dbtls-")
     os.chmod(work, 0o711)  # the postgres user reaches its directory inside
@@ -416,12 +416,13 @@ def main():
         files = make_certificates(certs)
         print(f"database_tls: certificates made in {time.monotonic() - began:.1f} s "
               f"(server: DNS:localhost, IP:127.0.0.1; client CN=leafd_cert; wrong CA; impostor CA)", flush=True)
-        (pg, db), errors = in_parallel(lambda: start_postgres(work, files), lambda: start_mariadb(work, files))
-        if errors:
-            raise errors[0]
+        pg = servers.PrivatePostgres(work, "pg", listen=LISTEN)
+        db = servers.PrivateMariaDB(work, "mariadb", bind=LISTEN)
+        in_parallel(lambda: setup_postgres(pg, files), lambda: setup_mariadb(db, files))
         print(f"database_tls: PostgreSQL on port {pg.port} and MariaDB on port {db.port} "
               f"({LISTEN}) up in {time.monotonic() - began:.1f} s", flush=True)
         cases = postgres_cases(pg, files) + mariadb_cases(db, files)
+        by_options = {c.options: c for c in cases}
         tool_dir = os.path.join(work, "migrate")
         os.makedirs(tool_dir)
         for case in cases:
@@ -444,15 +445,16 @@ def main():
             return int(encrypted), int(plain), how
 
         for dialect, url, seen in (
-                ("postgres", cases[0].url, pg_ssl),
-                ("mariadb", next(c for c in cases if c.dialect == "mariadb").url, lambda: None)):
+                ("postgres", by_options["sslmode=verify-full&sslrootcert=<ca>"].url, pg_ssl),
+                ("mariadb", by_options["ssl-mode=VERIFY_IDENTITY&ssl-ca=<ca>"].url, lambda: None)):
             problems, desc = serve_check(binary, work, dialect, url, seen)
             label = f"{dialect} node on the {'verify-full' if dialect == 'postgres' else 'VERIFY_IDENTITY'} URL"
             print(f"{'ok' if not problems else 'FAILED'} {label}: {desc}", flush=True)
             failures.extend(f"{label}: {p}" for p in problems)
 
-        for dialect, case in (("postgres", cases[6]), ("mariadb", next(
-                c for c in cases if c.dialect == "mariadb" and "wrong-ca" in c.options))):
+        for case in (by_options["sslmode=verify-full&sslrootcert=<wrong-ca>"],
+                     by_options["ssl-mode=VERIFY_IDENTITY&ssl-ca=<wrong-ca>"]):
+            dialect = case.dialect
             problems, ready, line = unready_check(binary, work, dialect, case.url, ("UnknownIssuer",))
             label = f"{dialect} node on {case.options}"
             print(f"{'ok' if not problems else 'FAILED'} {label}: up, not ready\n"
