@@ -36,6 +36,8 @@ fn segment_engine(rt: &tokio::runtime::Runtime, metrics: Arc<Metrics>) -> Arc<Se
         max_tags: 1000,
         failover_margin: 0,
         auto_create: None,
+        interleave: Default::default(),
+        tag_interleave: Default::default(),
     };
     let engine = SegmentEngine::new(
         Arc::new(MemoryStore::new()),

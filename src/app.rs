@@ -15,7 +15,9 @@ use crate::coord::static_id::StaticCoordinator;
 use crate::coord::zookeeper::ZkCoordinator;
 use crate::coord::{self, CoordError, Coordinator, Worker};
 use crate::engine::segment::{validate_tag_name, MAX_TAG_START};
-use crate::engine::segment::{AutoCreate, SegmentEngine, SegmentError, SegmentSettings};
+use crate::engine::segment::{
+    AutoCreate, Interleave, SegmentEngine, SegmentError, SegmentSettings,
+};
 use crate::engine::snowflake::{Layout, SnowflakeEngine};
 use crate::metrics::Metrics;
 use crate::storage::{self, DeferredStore, OnRuntime, SegmentMarks, SegmentStore, StoreError};
@@ -95,6 +97,22 @@ fn segment_settings(c: &SegmentConfig) -> SegmentSettings {
         load_timeout: Duration::from_millis(c.load_timeout_ms),
         max_tags: c.max_tags,
         failover_margin: c.failover_margin,
+        interleave: Interleave {
+            delta: c.id_delta,
+            remainder: c.id_remainder,
+        },
+        tag_interleave: c
+            .tags
+            .iter()
+            .filter(|seed| seed.delta.is_some() || seed.remainder.is_some())
+            .map(|seed| {
+                let interleave = Interleave {
+                    delta: seed.delta.unwrap_or(c.id_delta),
+                    remainder: seed.remainder.unwrap_or(0),
+                };
+                (seed.tag.clone(), interleave)
+            })
+            .collect(),
         auto_create: c.auto_create.then(|| {
             let pattern = crate::cmd::glob::Glob::new(c.auto_create_pattern.as_bytes());
             AutoCreate {

@@ -6,6 +6,8 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use redis::AsyncCommands;
+
 use common::scenarios::{self, create_tag, unique_tag};
 use common::{sqlite_config, FlakyStore, TestServer};
 use leafd::config::{Config, TagSeed};
@@ -94,6 +96,8 @@ async fn restart_on_the_same_file_continues_above_every_handed_out_id() {
         step: 50,
         start: 1,
         description: Some("seeded".into()),
+        delta: None,
+        remainder: None,
     });
     let mut handed_out = HashSet::new();
     let mut highest = 0;
@@ -155,4 +159,56 @@ async fn tags_created_on_first_use() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/leafd.db", dir.path().display());
     scenarios::tags_created_on_first_use(&url).await;
+}
+
+/// Two clusters on two databases serve one tag name with `id_delta = 2` and remainders 0 and
+/// 1 (Tinyid's two data centres): INCR, INCRBY within a segment and INCRBY larger than the step,
+/// over RESP and HTTP; every ID of both is distinct, has its cluster's residue, and each
+/// connection's IDs increase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_with_delta_and_remainder_never_collide() {
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut servers = Vec::new();
+    for (remainder, dir) in dirs.iter().enumerate() {
+        let mut config = sqlite_config(dir);
+        config.segment.id_delta = 2;
+        config.segment.id_remainder = remainder as i64;
+        config.segment.adaptive_step = false;
+        let server = TestServer::start(config).await;
+        create_tag(&server, "orders", 100, None).await;
+        servers.push(server);
+    }
+    let mut seen = HashSet::new();
+    for (remainder, server) in servers.iter().enumerate() {
+        let mut con = server.client().await;
+        let mut last = 0i64;
+        for round in 0..300i64 {
+            let (id, block): (i64, i64) = match round % 10 {
+                // A block of 7 within a segment, and one larger than the step.
+                3 => (con.incr("segment:orders", 7).await.unwrap(), 7),
+                7 => (con.incr("segment:orders", 120).await.unwrap(), 120),
+                _ => (con.incr("segment:orders", 1).await.unwrap(), 1),
+            };
+            let ids: Vec<i64> = (0..block).map(|k| id - 2 * k).collect();
+            for &id in &ids {
+                assert_eq!(id.rem_euclid(2), remainder as i64, "{id}");
+                assert!(seen.insert(id), "repeated {id}");
+            }
+            assert!(*ids.last().unwrap() > last, "increasing: {id} after {last}");
+            last = id;
+        }
+        let over_http: i64 = reqwest::get(server.http_url("/api/segment/get/orders"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(over_http.rem_euclid(2), remainder as i64);
+        assert!(seen.insert(over_http) && over_http > last);
+    }
+    for server in servers {
+        server.stop().await;
+    }
 }

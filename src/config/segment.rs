@@ -19,6 +19,11 @@ pub struct SegmentConfig {
     /// IDs an allocation skips when the tag's previous allocation was made by another
     /// database instance (a failover or restore may have lost allocations up to this many IDs).
     pub failover_margin: i64,
+    /// This cluster hands out only segment IDs with `id % id_delta == id_remainder` (Tinyid's
+    /// delta/remainder): clusters on separate databases with one delta and distinct remainders
+    /// never collide. 1 and 0: every ID.
+    pub id_delta: i64,
+    pub id_remainder: i64,
     /// Create an unknown tag on its first use (`INCR segment:new`), when its name matches
     /// `auto_create_pattern`. Off: an unknown tag is an error.
     pub auto_create: bool,
@@ -39,6 +44,8 @@ impl Default for SegmentConfig {
             load_timeout_ms: 1000,
             max_tags: 10_000,
             failover_margin: 10_000_000,
+            id_delta: 1,
+            id_remainder: 0,
             auto_create: false,
             auto_create_pattern: "*".into(),
             auto_create_step: 1000,
@@ -58,6 +65,11 @@ pub struct TagSeed {
     pub start: i64,
     #[serde(default)]
     pub description: Option<String>,
+    /// This tag's own `id_delta` / `id_remainder` (else the section's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remainder: Option<i64>,
 }
 
 fn default_start() -> i64 {
@@ -79,6 +91,14 @@ impl SegmentConfig {
                 self.max_step
             ));
         }
+        check_interleave("segment", self.id_delta, self.id_remainder)?;
+        for seed in &self.tags {
+            if seed.delta.is_some() || seed.remainder.is_some() {
+                let delta = seed.delta.unwrap_or(self.id_delta);
+                let remainder = seed.remainder.unwrap_or(0);
+                check_interleave(&format!("segment.tags '{}'", seed.tag), delta, remainder)?;
+            }
+        }
         if self.failover_margin < 0 {
             return Err("segment.failover_margin must be 0 or more IDs".into());
         }
@@ -92,4 +112,14 @@ impl SegmentConfig {
         }
         Ok(())
     }
+}
+
+/// A delta of 1 to 1,000,000 and a remainder below it.
+fn check_interleave(what: &str, delta: i64, remainder: i64) -> Result<(), String> {
+    if !(1..=1_000_000).contains(&delta) || !(0..delta).contains(&remainder) {
+        return Err(format!(
+            "{what}: the delta must be between 1 and 1000000 and the remainder between 0 and delta - 1 (got {delta} and {remainder})"
+        ));
+    }
+    Ok(())
 }

@@ -234,6 +234,8 @@ pub async fn nodes_started_at_once_all_come_up(url: &str, nodes: usize) {
             step: 10,
             start: 1,
             description: None,
+            delta: None,
+            remainder: None,
         }];
         starts.spawn(leafd::app::App::open(super::test_config(config)));
     }

@@ -5,6 +5,42 @@ use std::sync::Arc;
 
 use crate::storage::StoreError;
 
+/// Which IDs of its ranges a tag hands out: those with `id % delta == remainder` (Tinyid's
+/// delta/remainder). Clusters on separate databases that give one tag the same delta and
+/// different remainders never hand out the same ID, and each keeps increasing. The ranges stay
+/// raw positions of the table, so a changed delta or remainder can never repeat an ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interleave {
+    pub delta: i64,
+    pub remainder: i64,
+}
+
+impl Default for Interleave {
+    fn default() -> Self {
+        Interleave {
+            delta: 1,
+            remainder: 0,
+        }
+    }
+}
+
+impl Interleave {
+    /// The first ID at or above `position` that this tag hands out.
+    fn at_or_above(self, position: i64) -> Option<i64> {
+        position.checked_add((self.remainder - position).rem_euclid(self.delta))
+    }
+
+    /// The last ID at or below `position` that this tag hands out.
+    pub fn at_or_below(self, position: i64) -> i64 {
+        position - (position - self.remainder).rem_euclid(self.delta)
+    }
+
+    /// Raw positions a block of `n` IDs needs (any `n * delta` consecutive ones hold `n`).
+    pub fn span(self, n: i64) -> Option<i64> {
+        n.checked_mul(self.delta)
+    }
+}
+
 /// A contiguous range of IDs owned by this node: `next..=max` are still free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
@@ -35,13 +71,21 @@ impl Segment {
         })
     }
 
-    /// Takes `n` contiguous IDs and returns the last one.
-    fn take(&mut self, n: i64) -> Option<i64> {
-        if self.remaining() < n {
-            return None;
+    /// Takes `n` IDs (contiguous, or every `delta`-th with an interleave) and returns the last.
+    fn take(&mut self, n: i64, interleave: Interleave) -> Option<i64> {
+        let last = self.last_of(n, interleave)?;
+        self.next = last + 1;
+        Some(last)
+    }
+
+    /// The last ID a block of `n` would end at, if the segment holds the whole block.
+    fn last_of(&self, n: i64, interleave: Interleave) -> Option<i64> {
+        if interleave.delta == 1 {
+            return (self.remaining() >= n).then(|| self.next + n - 1);
         }
-        self.next += n;
-        Some(self.next - 1)
+        let first = interleave.at_or_above(self.next)?;
+        let last = first.checked_add((n - 1).checked_mul(interleave.delta)?)?;
+        (last <= self.max).then_some(last)
     }
 }
 
@@ -110,6 +154,8 @@ pub struct BufferState {
     pub rollbacks: u64,
     /// Allocations that skipped `segment.failover_margin` IDs after a database failover.
     pub failover_skips: u64,
+    /// Which IDs of its ranges the tag hands out.
+    pub interleave: Interleave,
     /// Every ID handed out from now on is above this: the end of the last block reserved
     /// directly in the database (an INCRBY larger than the step), so IDs keep increasing.
     pub floor: i64,
@@ -124,10 +170,15 @@ impl BufferState {
     /// current one cannot supply all `n` (its remainder is then skipped: IDs are unique and
     /// increasing, not gap-free). Returns the last ID of the block.
     pub fn take(&mut self, n: i64) -> Option<i64> {
-        let mut last = self.current.as_mut().and_then(|s| s.take(n));
-        if last.is_none() && self.next.is_some_and(|s| s.remaining() >= n) {
+        let interleave = self.interleave;
+        let mut last = self.current.as_mut().and_then(|s| s.take(n, interleave));
+        if last.is_none()
+            && self
+                .next
+                .is_some_and(|s| s.last_of(n, interleave).is_some())
+        {
             self.current = self.next.take();
-            last = self.current.as_mut().and_then(|s| s.take(n));
+            last = self.current.as_mut().and_then(|s| s.take(n, interleave));
         }
         if last.is_some() {
             self.served += n as u64;
@@ -193,6 +244,33 @@ impl BufferState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_interleave_takes_only_its_residue() {
+        let mut st = BufferState {
+            current: Some(Segment::granted(10, 10)),
+            next: Some(Segment::granted(30, 10)),
+            interleave: Interleave {
+                delta: 3,
+                remainder: 2,
+            },
+            ..Default::default()
+        };
+        assert_eq!(st.take(1), Some(2));
+        assert_eq!(st.take(1), Some(5));
+        // 8 and 11 would pass the segment's end (10): the block is 23, 26 of the next one.
+        assert_eq!(st.take(2), Some(26));
+        assert_eq!(st.current.unwrap().next, 27);
+        assert_eq!(st.take(1), Some(29));
+        assert_eq!(st.take(1), None);
+        let interleave = Interleave {
+            delta: 3,
+            remainder: 2,
+        };
+        assert_eq!(interleave.at_or_below(30), 29);
+        assert_eq!(interleave.at_or_below(29), 29);
+        assert_eq!(interleave.span(4), Some(12));
+    }
 
     #[test]
     fn takes_contiguous_blocks_and_switches_segments() {

@@ -28,9 +28,13 @@ impl SegmentEngine {
         n: i64,
     ) -> Result<i64, SegmentError> {
         self.stats.request_waits.fetch_add(1, Ordering::Relaxed);
+        let interleave = buffer.lock().interleave;
+        let Some(span) = interleave.span(n) else {
+            return Err(SegmentError::Exhausted(buffer.name.to_string()));
+        };
         let result = tokio::time::timeout(
             self.settings.load_timeout,
-            self.allocate_guarded(buffer, Some(n)),
+            self.allocate_guarded(buffer, Some(span)),
         )
         .await;
         match result {
@@ -39,7 +43,8 @@ impl SegmentEngine {
                     let mut st = buffer.lock();
                     st.served += n as u64;
                     st.pass_block(alloc.max_id);
-                    Ok(alloc.max_id)
+                    // `span` raw positions hold exactly `n` IDs of the interleave.
+                    Ok(interleave.at_or_below(alloc.max_id))
                 }
                 Err(failure) => {
                     if matches!(failure, LoadFailure::Rollback { .. }) {

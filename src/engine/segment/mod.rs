@@ -15,7 +15,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-pub use buffer::{store_reason, BufferState, LoadFailure, Segment};
+pub use buffer::{store_reason, BufferState, Interleave, LoadFailure, Segment};
 pub use load::LoadObserver;
 pub use tags::{validate_tag_name, MAX_TAG_LEN, MAX_TAG_START};
 
@@ -36,6 +36,19 @@ pub struct SegmentSettings {
     pub failover_margin: i64,
     /// Unknown tags that may be created by their first use, and with what step.
     pub auto_create: Option<AutoCreate>,
+    /// Which IDs each tag hands out (`segment.id_delta`/`id_remainder`), by tag; `None`: all.
+    pub interleave: Interleave,
+    pub tag_interleave: std::collections::HashMap<String, Interleave>,
+}
+
+impl SegmentSettings {
+    /// The interleave of `tag`: its own, else the cluster's.
+    pub fn interleave_of(&self, tag: &str) -> Interleave {
+        self.tag_interleave
+            .get(tag)
+            .copied()
+            .unwrap_or(self.interleave)
+    }
 }
 
 /// `segment.auto_create`: which unknown tags a request creates, and their step.
@@ -111,10 +124,13 @@ pub struct TagBuffer {
 }
 
 impl TagBuffer {
-    fn new(name: &str) -> TagBuffer {
+    fn new(name: &str, interleave: Interleave) -> TagBuffer {
         TagBuffer {
             name: name.into(),
-            state: Mutex::new(BufferState::default()),
+            state: Mutex::new(BufferState {
+                interleave,
+                ..BufferState::default()
+            }),
             loaded: watch::Sender::new(0),
             allocating: tokio::sync::Mutex::new(()),
         }
@@ -275,7 +291,12 @@ impl SegmentEngine {
                         st.loading = true;
                     }
                     Step::Served { last, preload }
-                } else if st.last_load_ms.is_some() && n > st.step.max(st.table_step) {
+                } else if st.last_load_ms.is_some()
+                    && st
+                        .interleave
+                        .span(n)
+                        .is_none_or(|span| span > st.step.max(st.table_step))
+                {
                     Step::Block
                 } else if let Some(failure) = st
                     .failure

@@ -108,10 +108,12 @@ impl SegmentEngine {
         let map: TagMap = rows
             .iter()
             .map(|row| {
-                let buffer = old
-                    .get(row.tag.as_bytes())
-                    .cloned()
-                    .unwrap_or_else(|| Arc::new(TagBuffer::new(&row.tag)));
+                let buffer = old.get(row.tag.as_bytes()).cloned().unwrap_or_else(|| {
+                    Arc::new(TagBuffer::new(
+                        &row.tag,
+                        self.settings.interleave_of(&row.tag),
+                    ))
+                });
                 (Box::from(row.tag.as_bytes()), buffer)
             })
             .collect();
@@ -158,7 +160,7 @@ impl SegmentEngine {
         self.tags.rcu(|map| {
             let mut map = TagMap::clone(map);
             map.entry(Box::from(tag.as_bytes()))
-                .or_insert_with(|| Arc::new(TagBuffer::new(tag)));
+                .or_insert_with(|| Arc::new(TagBuffer::new(tag, self.settings.interleave_of(tag))));
             map
         });
         Ok(())

@@ -12,6 +12,8 @@ fn engine(max_step: i64, clock: Arc<ManualClock>) -> Arc<SegmentEngine> {
         max_tags: 1000,
         failover_margin: 0,
         auto_create: None,
+        interleave: Default::default(),
+        tag_interleave: Default::default(),
     };
     SegmentEngine::new(
         Arc::new(MemoryStore::new()),
@@ -132,6 +134,8 @@ async fn a_block_reserved_during_a_slow_load_is_not_taken_for_a_rollback() {
         max_tags: 10,
         failover_margin: 0,
         auto_create: None,
+        interleave: Default::default(),
+        tag_interleave: Default::default(),
     };
     let engine = SegmentEngine::new(
         Arc::new(LateAnswers(MemoryStore::new())),
