@@ -109,6 +109,104 @@ impl StorageConfig {
         if self.max_connections == 0 {
             return Err("storage.max_connections must be at least 1".into());
         }
+        self.check_url_options()
+    }
+
+    /// The driver ignores a URL option it does not know, so a misspelt TLS option (`sslMode`,
+    /// JDBC's `sslCa`) would connect without verifying the server: refused instead.
+    fn check_url_options(&self) -> Result<(), String> {
+        let (dialect, known): (&str, &[&str]) = if self.url.starts_with("postgres") {
+            (
+                "PostgreSQL",
+                &[
+                    "sslmode",
+                    "ssl-mode",
+                    "sslrootcert",
+                    "ssl-root-cert",
+                    "ssl-ca",
+                    "sslcert",
+                    "ssl-cert",
+                    "sslkey",
+                    "ssl-key",
+                    "statement-cache-capacity",
+                    "host",
+                    "hostaddr",
+                    "port",
+                    "dbname",
+                    "user",
+                    "password",
+                    "application_name",
+                    "options",
+                ],
+            )
+        } else if self.url.starts_with("mysql") || self.url.starts_with("mariadb") {
+            (
+                "MySQL/MariaDB",
+                &[
+                    "sslmode",
+                    "ssl-mode",
+                    "sslca",
+                    "ssl-ca",
+                    "sslcert",
+                    "ssl-cert",
+                    "sslkey",
+                    "ssl-key",
+                    "charset",
+                    "collation",
+                    "statement-cache-capacity",
+                    "socket",
+                    "timezone",
+                    "time-zone",
+                ],
+            )
+        } else {
+            return Ok(());
+        };
+        let Some((_, query)) = self.url.split_once('?') else {
+            return Ok(());
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+            if !known.contains(&key) {
+                return Err(format!(
+                    "storage.url: unknown option '{key}' for {dialect} (it takes {}); the driver would ignore it, and a misspelt TLS option would connect without verifying the server",
+                    known.join(", ")
+                ));
+            }
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_url_options_are_refused() {
+        let with = |url: &str| StorageConfig {
+            url: url.into(),
+            ..StorageConfig::default()
+        };
+        assert!(
+            with("postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem")
+                .validate()
+                .is_ok()
+        );
+        assert!(
+            with("mysql://u@h/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/ca.pem")
+                .validate()
+                .is_ok()
+        );
+        let err = with("postgres://u@h/db?sslMode=verify-full")
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.starts_with("storage.url: unknown option 'sslMode' for PostgreSQL"),
+            "{err}"
+        );
+        let err = with("mysql://u@h/db?sslCa=/ca.pem").validate().unwrap_err();
+        assert!(err.contains("'sslCa' for MySQL/MariaDB"), "{err}");
+        assert!(with("sqlite://data/x.db").validate().is_ok());
     }
 }
