@@ -36,6 +36,8 @@ pub struct Context {
     /// The state of the coordinator's link to its service (ZooKeeper), when it has one.
     pub coordinator: Option<Arc<dyn CoordinatorStatus>>,
     pub stats: ServerStats,
+    /// What CLIENT LIST shows of every connected client.
+    pub clients: ClientRegistry,
     pub started_at: Instant,
     storage_ready: AtomicBool,
     /// Set when the listeners stopped taking clients (SIGTERM, SHUTDOWN): not ready any more.
@@ -64,6 +66,7 @@ impl Context {
             snowflake: arc_swap::ArcSwapOption::new(snowflake),
             coordinator,
             stats: ServerStats::default(),
+            clients: ClientRegistry::default(),
             started_at: Instant::now(),
             storage_ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -238,5 +241,43 @@ impl Context {
 
     pub fn set_storage_ready(&self) {
         self.storage_ready.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One connected client as CLIENT LIST shows it.
+#[derive(Debug, Clone)]
+pub struct ClientLine {
+    pub id: u64,
+    pub addr: String,
+    pub name: String,
+    pub created: Instant,
+    pub resp: i64,
+    pub lib_name: String,
+    pub lib_ver: String,
+}
+
+/// Every connected client's line, set when it connects and when it names itself (CLIENT
+/// SETNAME/SETINFO, HELLO, RESET), removed when it goes: a lock taken only then, never per ID.
+#[derive(Debug, Default)]
+pub struct ClientRegistry {
+    lines: std::sync::Mutex<std::collections::BTreeMap<u64, ClientLine>>,
+}
+
+impl ClientRegistry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, ClientLine>> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set(&self, line: ClientLine) {
+        self.lock().insert(line.id, line);
+    }
+
+    pub fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Every client, by id.
+    pub fn lines(&self) -> Vec<ClientLine> {
+        self.lock().values().cloned().collect()
     }
 }

@@ -518,3 +518,33 @@ async fn tag_creation_is_bounded() {
     );
     server.stop().await;
 }
+
+/// CLIENT LIST shows every connected client with the name it gave itself, and forgets a
+/// client once it disconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_list_shows_every_client() {
+    let mut config = Config::default();
+    config.snowflake.coordinator = leafd::config::CoordinatorKind::Static;
+    let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new())).await;
+    let mut named = server.raw().await;
+    assert_eq!(
+        named
+            .send(&resp(&[b"CLIENT", b"SETNAME", b"orders-api"]), 1)
+            .await,
+        "+OK\r\n"
+    );
+    let mut other = server.raw().await;
+    assert_eq!(other.send(b"PING\r\n", 1).await, "+PONG\r\n");
+    let mut asker = server.raw().await;
+    // A bulk string: the header line, then the body (lines end in \n) and its CRLF.
+    let list = asker.send(&resp(&[b"CLIENT", b"LIST"]), 2).await;
+    assert_eq!(list.matches("id=").count(), 3, "{list}");
+    assert!(list.contains(" name=orders-api "), "{list}");
+    assert_eq!(other.send(b"QUIT\r\n", 1).await, "+OK\r\n");
+    drop(other);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let list = asker.send(&resp(&[b"CLIENT", b"LIST"]), 2).await;
+    assert_eq!(list.matches("id=").count(), 2, "{list}");
+    drop(named);
+    server.stop().await;
+}

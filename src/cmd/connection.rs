@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::{lossy, not_an_integer, parse_i64, wrong_arity, Session};
 use crate::auth::{self, Role};
-use crate::context::Context;
+use crate::context::{ClientLine, Context};
 use crate::protocol::{ArgCursor, Reply, RespVersion};
 
 /// The Redis version leafd reports, so clients enable the RESP3/HELLO features it implements.
@@ -141,23 +141,36 @@ fn validate_client_name(name: &[u8]) -> Result<(), Reply> {
     }
 }
 
-/// One line describing the connection, in the format of Redis's CLIENT INFO.
-fn client_info_line(session: &Session) -> String {
+/// What CLIENT LIST shows of this session.
+pub fn client_line(session: &Session) -> ClientLine {
     let text = |v: &Option<Bytes>| v.as_deref().map(lossy).unwrap_or_default();
+    ClientLine {
+        id: session.id,
+        addr: session.addr.clone(),
+        name: text(&session.name),
+        created: session.created,
+        resp: session.protocol.number(),
+        lib_name: text(&session.lib_name),
+        lib_ver: text(&session.lib_ver),
+    }
+}
+
+/// One line describing a connection, in the format of Redis's CLIENT INFO.
+fn client_info_line(line: &ClientLine) -> String {
     format!(
         "id={} addr={} name={} age={} db=0 resp={} lib-name={} lib-ver={}\n",
-        session.id,
-        session.addr,
-        text(&session.name),
-        session.created.elapsed().as_secs(),
-        session.protocol.number(),
-        text(&session.lib_name),
-        text(&session.lib_ver),
+        line.id,
+        line.addr,
+        line.name,
+        line.created.elapsed().as_secs(),
+        line.resp,
+        line.lib_name,
+        line.lib_ver,
     )
 }
 
 /// `CLIENT ID | SETNAME | GETNAME | SETINFO | INFO | LIST | NO-EVICT | NO-TOUCH | HELP`.
-pub fn client(args: &[&[u8]], session: &mut Session) -> Reply {
+pub fn client(args: &[&[u8]], ctx: &Context, session: &mut Session) -> Reply {
     let mut cursor = ArgCursor::new(args);
     let Ok(sub) = cursor.next_keyword() else {
         return wrong_arity("client");
@@ -206,7 +219,18 @@ pub fn client(args: &[&[u8]], session: &mut Session) -> Reply {
             }
             Reply::ok()
         }
-        b"info" | b"list" => Reply::Verbatim(client_info_line(session)),
+        b"info" => Reply::Verbatim(client_info_line(&client_line(session))),
+        // Every client; this one as it is now (the registry is updated after this command).
+        b"list" => Reply::Verbatim(
+            ctx.clients
+                .lines()
+                .into_iter()
+                .map(|line| match line.id == session.id {
+                    true => client_info_line(&client_line(session)),
+                    false => client_info_line(&line),
+                })
+                .collect(),
+        ),
         b"no-evict" | b"no-touch" => Reply::ok(),
         b"tracking" => tracking(cursor.rest()),
         b"caching" => Reply::error(

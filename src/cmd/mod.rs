@@ -11,6 +11,8 @@ mod snowflake;
 pub mod table;
 mod transaction;
 
+pub use connection::client_line;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
@@ -113,6 +115,13 @@ pub async fn execute(
         },
         (None, None) => unknown_command(args),
     };
+    // A client that named itself shows it in everyone's CLIENT LIST.
+    if matches!(
+        id,
+        Some(CommandId::Client | CommandId::Hello | CommandId::Reset)
+    ) {
+        ctx.clients.set(connection::client_line(session));
+    }
     if ctx.metrics.enabled() {
         // An index past the table is the `unknown` command's.
         let index = id.map_or(usize::MAX, |id| id as usize);
@@ -180,7 +189,7 @@ async fn run(id: CommandId, ctx: &Arc<Context>, session: &mut Session, args: &[&
         Echo => Reply::Bulk(Bytes::copy_from_slice(args[1])),
         Hello => connection::hello(args, ctx, session),
         Auth => connection::auth(args, ctx, session),
-        Client => connection::client(args, session),
+        Client => connection::client(args, ctx, session),
         Select => connection::select(args),
         Quit => {
             session.closing = true;

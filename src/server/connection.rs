@@ -166,6 +166,9 @@ pub(crate) async fn serve(
         server.auth_required(),
     )
     .with_admin_without_auth(crate::access::unauthenticated_admin(&ctx.config, peer));
+    ctx.clients.set(crate::cmd::client_line(&session));
+    // Gone from CLIENT LIST however this function returns.
+    let _listed = Listed(ctx, session.id);
     // Buffers are taken when data arrives and given back whenever they are empty, so an idle
     // connection holds no buffer memory (10,000 idle clients would otherwise pin 80 MB).
     let mut input = BytesMut::new();
@@ -270,5 +273,14 @@ pub(crate) async fn serve(
                 return;
             }
         }
+    }
+}
+
+/// Removes a client from the registry when its connection ends.
+struct Listed<'a>(&'a Context, u64);
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.0.clients.remove(self.1);
     }
 }
