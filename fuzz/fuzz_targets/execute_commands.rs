@@ -41,6 +41,8 @@ fuzz_target!(|data: &[u8]| {
             step: 10,
             start: 1,
             description: None,
+            delta: None,
+            remainder: None,
         }];
         let app = App::with_store(config, Arc::new(MemoryStore::new()), Arc::new(SystemClock))
             .await
