@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, Criterion};
 use leafd::clock::SystemClock;
-use leafd::engine::segment::{SegmentEngine, SegmentSettings};
+use leafd::engine::segment::{OpaqueCipher, SegmentEngine, SegmentSettings};
 use leafd::engine::snowflake::{Attempt, IssueLimit, Layout, SnowflakeEngine};
 use leafd::metrics::Metrics;
 use leafd::protocol::{Args, Reply, RequestDecoder, RespVersion};
@@ -28,7 +28,12 @@ fn ready<F: Future>(future: F) -> F::Output {
     }
 }
 
-fn segment_engine(rt: &tokio::runtime::Runtime, metrics: Arc<Metrics>) -> Arc<SegmentEngine> {
+/// An engine with one tag, `bench`; `opaque_digits`: it hands out opaque IDs of that many digits.
+fn segment_engine(
+    rt: &tokio::runtime::Runtime,
+    metrics: Arc<Metrics>,
+    opaque_digits: Option<u32>,
+) -> Arc<SegmentEngine> {
     let settings = SegmentSettings {
         adaptive_step: false,
         max_step: 1_000_000,
@@ -38,6 +43,13 @@ fn segment_engine(rt: &tokio::runtime::Runtime, metrics: Arc<Metrics>) -> Arc<Se
         auto_create: None,
         interleave: Default::default(),
         tag_interleave: Default::default(),
+        opaque: opaque_digits
+            .map(|digits| {
+                let cipher = OpaqueCipher::new(b"a benchmark key of 16+ bytes", "bench", digits);
+                ("bench".to_string(), Arc::new(cipher))
+            })
+            .into_iter()
+            .collect(),
     };
     let engine = SegmentEngine::new(
         Arc::new(MemoryStore::new()),
@@ -63,15 +75,22 @@ fn segment(c: &mut Criterion) {
     let _guard = rt.enter();
     let names = leafd::cmd::table::names();
 
-    let engine = segment_engine(&rt, Arc::new(Metrics::disabled()));
+    let engine = segment_engine(&rt, Arc::new(Metrics::disabled()), None);
     c.bench_function("segment/next_id", |b| {
         b.iter(|| ready(engine.next_ids("bench", 1)).unwrap())
     });
+    // What opaque IDs cost: the same, with the keyed permutation onto 10 and 18 digits.
+    for digits in [10, 18] {
+        let opaque = segment_engine(&rt, Arc::new(Metrics::disabled()), Some(digits));
+        c.bench_function(&format!("segment/next_id_opaque_{digits}_digits"), |b| {
+            b.iter(|| ready(opaque.next_ids("bench", 1)).unwrap())
+        });
+    }
 
     // What a pipelined connection adds per command: a note in the batch; the batch's two clock
     // reads and its flush to the shared histogram come once per 32.
     let recorded = Arc::new(Metrics::new(&names));
-    let engine = segment_engine(&rt, recorded.clone());
+    let engine = segment_engine(&rt, recorded.clone(), None);
     let mut batch = leafd::metrics::BatchMetrics::default();
     let mut in_batch = 0;
     c.bench_function("segment/next_id+command_metrics", |b| {
@@ -90,7 +109,7 @@ fn segment(c: &mut Criterion) {
         })
     });
 
-    let engine = segment_engine(&rt, Arc::new(Metrics::disabled()));
+    let engine = segment_engine(&rt, Arc::new(Metrics::disabled()), None);
     c.bench_function("segment/next_id_2_threads", |b| {
         b.iter_custom(|iters| {
             let started = Instant::now();

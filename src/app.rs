@@ -16,7 +16,7 @@ use crate::coord::zookeeper::ZkCoordinator;
 use crate::coord::{self, CoordError, Coordinator, Worker};
 use crate::engine::segment::{validate_tag_name, MAX_TAG_START};
 use crate::engine::segment::{
-    AutoCreate, Interleave, SegmentEngine, SegmentError, SegmentSettings,
+    AutoCreate, Interleave, OpaqueCipher, SegmentEngine, SegmentError, SegmentSettings,
 };
 use crate::engine::snowflake::{Layout, SnowflakeEngine};
 use crate::metrics::Metrics;
@@ -111,6 +111,14 @@ fn segment_settings(c: &SegmentConfig) -> SegmentSettings {
                     remainder: seed.remainder.unwrap_or(0),
                 };
                 (seed.tag.clone(), interleave)
+            })
+            .collect(),
+        opaque: c
+            .opaque
+            .iter()
+            .map(|entry| {
+                let cipher = OpaqueCipher::new(c.opaque_key.as_bytes(), &entry.tag, entry.digits);
+                (entry.tag.clone(), Arc::new(cipher))
             })
             .collect(),
         auto_create: c.auto_create.then(|| {

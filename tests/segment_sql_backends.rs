@@ -549,6 +549,17 @@ macro_rules! backend_tests {
                 scenarios::tags_created_on_first_use(&url).await;
             }
 
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn opaque_ids() {
+                let Some(url) = $backend
+                    .fresh_database(concat!(stringify!($module), "::opaque_ids"))
+                    .await
+                else {
+                    return;
+                };
+                scenarios::opaque_ids(&url).await;
+            }
+
             /// Three rounds of six nodes started at once, each round on a fresh database.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn nodes_started_at_once_all_come_up() {

@@ -161,6 +161,13 @@ async fn tags_created_on_first_use() {
     scenarios::tags_created_on_first_use(&url).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opaque_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/leafd.db", dir.path().display());
+    scenarios::opaque_ids(&url).await;
+}
+
 /// Two clusters on two databases serve one tag name with `id_delta = 2` and remainders 0 and
 /// 1 (Tinyid's two data centres): INCR, INCRBY within a segment and INCRBY larger than the step,
 /// over RESP and HTTP; every ID of both is distinct, has its cluster's residue, and each
@@ -197,14 +204,7 @@ async fn two_clusters_with_delta_and_remainder_never_collide() {
             assert!(*ids.last().unwrap() > last, "increasing: {id} after {last}");
             last = id;
         }
-        let over_http: i64 = reqwest::get(server.http_url("/api/segment/get/orders"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-            .parse()
-            .unwrap();
+        let over_http = server.http_id("orders").await;
         assert_eq!(over_http.rem_euclid(2), remainder as i64);
         assert!(seen.insert(over_http) && over_http > last);
     }

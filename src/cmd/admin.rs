@@ -1,5 +1,5 @@
 //! Leaf administration: `LEAF.TAGS` (Leaf's monitor page as a reply) and
-//! `LEAF.TAG CREATE|STEP|SKIP|SKIPALL` to manage tags without SQL.
+//! `LEAF.TAG CREATE|STEP|SKIP|SKIPALL|REVEAL` to manage tags without SQL.
 
 use std::sync::Arc;
 
@@ -48,7 +48,8 @@ pub fn tags(ctx: &Arc<Context>) -> Reply {
 
 /// `LEAF.TAG CREATE <tag> <step> [<start>]`, `LEAF.TAG STEP <tag> <step>`,
 /// `LEAF.TAG SKIP <tag> <n>` (reply: the new max_id) and `LEAF.TAG SKIPALL <n>` (reply: a map
-/// of every tag to its new max_id).
+/// of every tag to its new max_id), `LEAF.TAG REVEAL <tag> <id>` (reply: the sequential ID
+/// behind an opaque one).
 pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     let mut cursor = ArgCursor::new(args);
     let given = match cursor.next_bytes() {
@@ -62,9 +63,10 @@ pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
         b"create" => ("leaf.tag|create", 2..=3),
         b"step" => ("leaf.tag|step", 2..=2),
         b"skip" => ("leaf.tag|skip", 2..=2),
+        b"reveal" => ("leaf.tag|reveal", 2..=2),
         _ => {
             return Reply::error(format!(
-                "ERR unknown subcommand '{}'. Try LEAF.TAG CREATE, STEP, SKIP or SKIPALL.",
+                "ERR unknown subcommand '{}'. Try LEAF.TAG CREATE, STEP, SKIP, SKIPALL or REVEAL.",
                 lossy(given)
             ))
         }
@@ -106,6 +108,12 @@ pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
                 .await
         }
         b"step" => ctx.segments.set_step(tag, number).await,
+        b"reveal" => {
+            return match ctx.segments.reveal(tag, number) {
+                Ok(position) => Reply::Integer(position),
+                Err(e) => segment_error(&e),
+            }
+        }
         _ => {
             return match ctx.segments.skip(tag, number).await {
                 Ok(max_id) => Reply::Integer(max_id),

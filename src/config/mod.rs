@@ -14,7 +14,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use http::HttpConfig;
-pub use segment::{SegmentConfig, TagSeed};
+pub use segment::{OpaqueTag, SegmentConfig, TagSeed};
 pub use server::{ServerConfig, UserConfig};
 pub use snowflake::{CoordinatorKind, SnowflakeConfig, ZookeeperConfig};
 pub use storage::StorageConfig;
@@ -135,6 +135,9 @@ impl Config {
             user.password = "<redacted>".into();
         }
         shown.storage.url = shown.storage.redacted_url();
+        if !shown.segment.opaque_key.is_empty() {
+            shown.segment.opaque_key = "<redacted>".into();
+        }
         toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot be shown as TOML: {e}\n"))
     }
 

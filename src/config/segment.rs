@@ -33,6 +33,26 @@ pub struct SegmentConfig {
     pub auto_create_step: i64,
     /// Tags created at start when absent (`[[segment.tags]]`).
     pub tags: Vec<TagSeed>,
+    /// The secret that keys opaque IDs: at least 16 characters, the same on every node that
+    /// serves the tags (and in both clusters of an `id_delta` pair).
+    pub opaque_key: String,
+    /// Tags that hand out a keyed permutation of their IDs instead of the IDs
+    /// (`[[segment.opaque]]`).
+    pub opaque: Vec<OpaqueTag>,
+}
+
+/// A tag whose IDs are opaque: every ID has exactly `digits` decimal digits, and neither the
+/// count nor the order of the IDs shows in them.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpaqueTag {
+    pub tag: String,
+    #[serde(default = "default_digits")]
+    pub digits: u32,
+}
+
+fn default_digits() -> u32 {
+    10
 }
 
 impl Default for SegmentConfig {
@@ -50,6 +70,8 @@ impl Default for SegmentConfig {
             auto_create_pattern: "*".into(),
             auto_create_step: 1000,
             tags: Vec::new(),
+            opaque_key: String::new(),
+            opaque: Vec::new(),
         }
     }
 }
@@ -99,6 +121,7 @@ impl SegmentConfig {
                 check_interleave(&format!("segment.tags '{}'", seed.tag), delta, remainder)?;
             }
         }
+        self.validate_opaque()?;
         if self.failover_margin < 0 {
             return Err("segment.failover_margin must be 0 or more IDs".into());
         }
@@ -108,6 +131,32 @@ impl SegmentConfig {
                     "segment.tags '{}': step must be between 1 and {}",
                     seed.tag, self.max_step
                 ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SegmentConfig {
+    fn validate_opaque(&self) -> Result<(), String> {
+        if self.opaque.is_empty() {
+            return Ok(());
+        }
+        if self.opaque_key.len() < 16 {
+            return Err(
+                "segment.opaque_key must be at least 16 characters when [[segment.opaque]] tags are configured"
+                    .into(),
+            );
+        }
+        for (i, entry) in self.opaque.iter().enumerate() {
+            if !(4..=18).contains(&entry.digits) {
+                return Err(format!(
+                    "segment.opaque '{}': digits must be between 4 and 18",
+                    entry.tag
+                ));
+            }
+            if self.opaque[..i].iter().any(|e| e.tag == entry.tag) {
+                return Err(format!("segment.opaque '{}' is listed twice", entry.tag));
             }
         }
         Ok(())

@@ -70,6 +70,15 @@ impl SegmentStore for DeferredStore {
             .await
     }
 
+    async fn claim_opaque(
+        &self,
+        tag: &str,
+        marker: &str,
+        below: i64,
+    ) -> Result<(Option<String>, i64), StoreError> {
+        self.store()?.claim_opaque(tag, marker, below).await
+    }
+
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
         self.store()?.set_step(tag, step).await
     }

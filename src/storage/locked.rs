@@ -4,7 +4,7 @@
 /// Implements [`super::SegmentStore`] for a store with a `pool` field. `$instance` names the
 /// database instance a connection reaches (an async fn over the dialect's connection). The SQL
 /// texts bind, in order: `lock` the tag (a `SELECT … FOR UPDATE` of `biz_tag, max_id, step,
-/// description, writer`); `advance` the new max_id, the writer, the tag; `insert` tag, max_id,
+/// description, writer, opaque`); `advance` the new max_id, the writer, the tag; `insert` tag, max_id,
 /// step, description, writer; `set_step` step then tag. `$row` maps a locked row to a
 /// [`super::LeafAlloc`].
 macro_rules! locked_segment_store {
@@ -12,14 +12,19 @@ macro_rules! locked_segment_store {
         $store:ty,
         backend: $backend:literal,
         row: $row:path,
+        placeholder: $placeholder:path,
         instance: $instance:path,
         lock: $lock:expr,
         advance: $advance:expr,
         insert: $insert:expr,
         set_step: $set_step:expr $(,)?
     ) => {
-        #[async_trait::async_trait]
-        impl $crate::storage::SegmentStore for $store {
+        $crate::storage::common::sql_segment_store!(
+            $store,
+            backend: $backend,
+            row: $row,
+            placeholder: $placeholder,
+            {
             async fn allocate(
                 &self,
                 tag: &str,
@@ -53,15 +58,6 @@ macro_rules! locked_segment_store {
                     Ok((tx, alloc))
                 })
                 .await
-            }
-
-            async fn list(
-                &self,
-            ) -> Result<Vec<$crate::storage::LeafAlloc>, $crate::storage::StoreError> {
-                let rows = sqlx::query($crate::storage::LIST_ROWS)
-                    .fetch_all(&self.pool)
-                    .await?;
-                Ok(rows.iter().map($row).collect::<Result<Vec<_>, _>>()?)
             }
 
             async fn create_tag(
@@ -112,20 +108,8 @@ macro_rules! locked_segment_store {
                 .await
             }
 
-            fn backend(&self) -> &'static str {
-                $backend
             }
-
-            async fn close(&self) {
-                self.pool.close().await;
-            }
-
-            fn worker_leases(
-                self: std::sync::Arc<Self>,
-            ) -> Option<std::sync::Arc<dyn $crate::storage::WorkerLeaseStore>> {
-                Some(self)
-            }
-        }
+        );
     };
 }
 

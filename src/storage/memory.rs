@@ -75,9 +75,26 @@ impl SegmentStore for MemoryStore {
                 step,
                 description: description.map(str::to_string),
                 failover: None,
+                opaque: None,
             },
         );
         Ok(())
+    }
+
+    async fn claim_opaque(
+        &self,
+        tag: &str,
+        marker: &str,
+        below: i64,
+    ) -> Result<(Option<String>, i64), StoreError> {
+        let mut rows = self.rows();
+        let row = rows
+            .get_mut(tag)
+            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        if row.opaque.is_none() && row.max_id < below {
+            row.opaque = Some(marker.to_string());
+        }
+        Ok((row.opaque.clone(), row.max_id))
     }
 
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {

@@ -2,6 +2,7 @@
 //! implementation per database dialect, chosen by the storage URL.
 
 pub(crate) mod committed;
+mod common;
 mod deferred;
 pub(crate) mod failover;
 mod locked;
@@ -32,7 +33,7 @@ pub use sqlite::SqliteStore;
 
 /// Every row of `leaf_alloc`, in the column order the dialects' row mappers read.
 const LIST_ROWS: &str =
-    "SELECT biz_tag, max_id, step, description FROM leaf_alloc ORDER BY biz_tag";
+    "SELECT biz_tag, max_id, step, description, opaque FROM leaf_alloc ORDER BY biz_tag";
 
 /// One row of `leaf_alloc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +47,8 @@ pub struct LeafAlloc {
     /// Set by an allocation that found the row last written by another database instance
     /// (a failover or restore): the IDs it left unused before the granted range.
     pub failover: Option<FailoverSkip>,
+    /// The opaque-ID key the tag serves under (`d<digits>:<fingerprint>`), once one was claimed.
+    pub opaque: Option<String>,
 }
 
 /// Errors of a storage call.
@@ -183,6 +186,16 @@ pub trait SegmentStore: Send + Sync + 'static {
         max_id: i64,
         description: Option<&str>,
     ) -> Result<(), StoreError>;
+
+    /// Records `marker` as the key under which the tag hands out opaque IDs, unless it has one
+    /// already or its `max_id` has reached `below` (plain IDs served into the opaque range);
+    /// returns the recorded marker and the tag's `max_id`, in one transaction.
+    async fn claim_opaque(
+        &self,
+        tag: &str,
+        marker: &str,
+        below: i64,
+    ) -> Result<(Option<String>, i64), StoreError>;
 
     /// Changes a tag's stored step; [`StoreError::UnknownTag`] if absent.
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError>;

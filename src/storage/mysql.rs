@@ -33,6 +33,7 @@ fn row_to_alloc(row: &MySqlRow) -> Result<LeafAlloc, sqlx::Error> {
         step: i64::from(row.try_get::<i32, _>("step")?),
         description: row.try_get("description")?,
         failover: None,
+        opaque: row.try_get("opaque")?,
     })
 }
 
@@ -57,8 +58,9 @@ super::locked::locked_segment_store!(
     MySqlStore,
     backend: "mysql",
     row: row_to_alloc,
+    placeholder: super::workers::question,
     instance: instance,
-    lock: "SELECT biz_tag, max_id, step, description, writer FROM leaf_alloc \
+    lock: "SELECT biz_tag, max_id, step, description, writer, opaque FROM leaf_alloc \
            WHERE biz_tag = ? FOR UPDATE",
     advance: "UPDATE leaf_alloc SET max_id = ?, writer = ? WHERE biz_tag = ?",
     insert: "INSERT INTO leaf_alloc (biz_tag, max_id, step, description, writer) \

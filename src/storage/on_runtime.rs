@@ -74,6 +74,17 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
         .await
     }
 
+    async fn claim_opaque(
+        &self,
+        tag: &str,
+        marker: &str,
+        below: i64,
+    ) -> Result<(Option<String>, i64), StoreError> {
+        let (tag, marker) = (tag.to_string(), marker.to_string());
+        self.run(|s| async move { s.claim_opaque(&tag, &marker, below).await })
+            .await
+    }
+
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
         let tag = tag.to_string();
         self.run(|s| async move { s.set_step(&tag, step).await })

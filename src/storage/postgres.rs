@@ -35,6 +35,7 @@ fn row_to_alloc(row: &PgRow) -> Result<LeafAlloc, sqlx::Error> {
         step: i64::from(row.try_get::<i32, _>("step")?),
         description: row.try_get("description")?,
         failover: None,
+        opaque: row.try_get("opaque")?,
     })
 }
 
@@ -55,8 +56,9 @@ super::locked::locked_segment_store!(
     PostgresStore,
     backend: "postgres",
     row: row_to_alloc,
+    placeholder: super::workers::dollar,
     instance: instance,
-    lock: "SELECT biz_tag, max_id, step, description, writer FROM leaf_alloc \
+    lock: "SELECT biz_tag, max_id, step, description, writer, opaque FROM leaf_alloc \
            WHERE biz_tag = $1 FOR UPDATE",
     advance: "UPDATE leaf_alloc SET max_id = $1, writer = $2, update_time = CURRENT_TIMESTAMP \
               WHERE biz_tag = $3",

@@ -3,20 +3,25 @@
 
 /// Implements [`super::SegmentStore`] for a store with a `pool` field. The SQL texts bind, in
 /// order: `allocate` the step (`Option<i64>`) then the tag, returning `biz_tag, max_id, step,
-/// description`; `exists` the tag; `insert` tag, max_id, step, description; `set_step` step then
+/// description, opaque`; `exists` the tag; `insert` tag, max_id, step, description; `set_step` step then
 /// tag. `$row` maps a returned row to a [`super::LeafAlloc`].
 macro_rules! returning_segment_store {
     (
         $store:ty,
         backend: $backend:literal,
         row: $row:path,
+        placeholder: $placeholder:path,
         allocate: $allocate:expr,
         exists: $exists:expr,
         insert: $insert:expr,
         set_step: $set_step:expr $(,)?
     ) => {
-        #[async_trait::async_trait]
-        impl $crate::storage::SegmentStore for $store {
+        $crate::storage::common::sql_segment_store!(
+            $store,
+            backend: $backend,
+            row: $row,
+            placeholder: $placeholder,
+            {
             async fn allocate(
                 &self,
                 tag: &str,
@@ -43,15 +48,6 @@ macro_rules! returning_segment_store {
                     }
                 })
                 .await
-            }
-
-            async fn list(
-                &self,
-            ) -> Result<Vec<$crate::storage::LeafAlloc>, $crate::storage::StoreError> {
-                let rows = sqlx::query($crate::storage::LIST_ROWS)
-                    .fetch_all(&self.pool)
-                    .await?;
-                Ok(rows.iter().map($row).collect::<Result<Vec<_>, _>>()?)
             }
 
             async fn create_tag(
@@ -94,20 +90,8 @@ macro_rules! returning_segment_store {
                 .await
             }
 
-            fn backend(&self) -> &'static str {
-                $backend
             }
-
-            async fn close(&self) {
-                self.pool.close().await;
-            }
-
-            fn worker_leases(
-                self: std::sync::Arc<Self>,
-            ) -> Option<std::sync::Arc<dyn $crate::storage::WorkerLeaseStore>> {
-                Some(self)
-            }
-        }
+        );
     };
 }
 

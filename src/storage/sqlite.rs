@@ -79,6 +79,7 @@ fn row_to_alloc(row: &sqlx::sqlite::SqliteRow) -> Result<LeafAlloc, sqlx::Error>
         step: row.try_get("step")?,
         description: row.try_get("description")?,
         failover: None,
+        opaque: row.try_get("opaque")?,
     })
 }
 
@@ -87,10 +88,11 @@ super::returning::returning_segment_store!(
     SqliteStore,
     backend: "sqlite",
     row: row_to_alloc,
+    placeholder: super::workers::question,
     allocate: "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?1, step), \
                update_time = CURRENT_TIMESTAMP \
                WHERE biz_tag = ?2 AND max_id <= 9223372036854775807 - COALESCE(?1, step) \
-               RETURNING biz_tag, max_id, step, description",
+               RETURNING biz_tag, max_id, step, description, opaque",
     exists: "SELECT 1 FROM leaf_alloc WHERE biz_tag = ?1",
     insert: "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?1, ?2, ?3, ?4)",
     set_step: "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2",

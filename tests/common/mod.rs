@@ -85,6 +85,13 @@ impl TestServer {
         format!("redis://{}/", self.addr)
     }
 
+    /// The next ID of `tag` from the HTTP Leaf API (`GET /api/segment/get/<tag>`).
+    pub async fn http_id(&self, tag: &str) -> i64 {
+        let url = self.http_url(&format!("/api/segment/get/{tag}"));
+        let body = reqwest::get(&url).await.unwrap().text().await.unwrap();
+        body.parse().unwrap_or_else(|_| panic!("{url}: {body}"))
+    }
+
     pub async fn client(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.url())
             .unwrap()
@@ -295,6 +302,15 @@ impl SegmentStore for FlakyStore {
     ) -> Result<(), StoreError> {
         self.gate().await?;
         self.inner.create_tag(tag, step, max_id, description).await
+    }
+    async fn claim_opaque(
+        &self,
+        tag: &str,
+        marker: &str,
+        below: i64,
+    ) -> Result<(Option<String>, i64), StoreError> {
+        self.gate().await?;
+        self.inner.claim_opaque(tag, marker, below).await
     }
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
         self.gate().await?;

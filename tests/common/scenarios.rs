@@ -324,3 +324,130 @@ pub async fn tags_created_on_first_use(url: &str) {
         node.stop().await;
     }
 }
+
+/// Opaque IDs (`[[segment.opaque]]`) from two nodes: every ID has exactly the configured
+/// digits, all are distinct, `LEAF.TAG REVEAL` maps them back onto distinct sequential IDs,
+/// their order is not the sequence's; INCRBY is refused; HTTP serves them too; a 4-digit tag
+/// hands out 8,999 distinct four-digit IDs and then refuses; and the database's record
+/// refuses a node with another key, a node serving the tag's plain IDs, and opaque IDs for a
+/// tag whose plain IDs reached their range.
+pub async fn opaque_ids(url: &str) {
+    let (orders, small, late) = (
+        unique_tag("opaque"),
+        unique_tag("opaque-small"),
+        unique_tag("opaque-late"),
+    );
+    let config = |key: &str, opaque: bool| {
+        let mut config = leafd::config::Config::default();
+        config.storage.url = url.to_string();
+        config.segment.adaptive_step = false;
+        config.segment.opaque_key = key.into();
+        if opaque {
+            for (tag, digits) in [(&orders, 10), (&small, 4), (&late, 10)] {
+                config.segment.opaque.push(leafd::config::OpaqueTag {
+                    tag: tag.clone(),
+                    digits,
+                });
+            }
+        }
+        config
+    };
+    let key = "a key of at least sixteen characters";
+    let nodes = [
+        TestServer::start(config(key, true)).await,
+        TestServer::start(config(key, true)).await,
+    ];
+    create_tag(&nodes[0], &orders, 50, None).await;
+    create_tag(&nodes[0], &small, 1000, None).await;
+    create_tag(&nodes[0], &late, 5, Some(1_000_000_005)).await;
+    let mut tasks = Vec::new();
+    for node in &nodes {
+        for _ in 0..2 {
+            let mut con = node.client().await;
+            let tag = format!("segment:{orders}");
+            tasks.push(tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for _ in 0..150 {
+                    let id: i64 = con.incr(&tag, 1).await.unwrap();
+                    ids.push(id);
+                }
+                ids
+            }));
+        }
+    }
+    let mut ids = Vec::new();
+    for task in tasks {
+        ids.extend(task.await.unwrap());
+    }
+    ids.push(nodes[1].http_id(&orders).await);
+    let mut admin = nodes[0].client().await;
+    let mut positions = HashSet::new();
+    for &id in &ids {
+        assert!((1_000_000_000..10_000_000_000).contains(&id), "{id}");
+        let position: i64 = redis::cmd("LEAF.TAG")
+            .arg("REVEAL")
+            .arg(&orders)
+            .arg(id)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(position >= 1, "{id} -> {position}");
+        assert!(positions.insert(position), "{id} reveals {position} twice");
+    }
+    let distinct: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), ids.len(), "opaque IDs repeat");
+    let rising = ids.windows(2).filter(|w| w[1] > w[0]).count();
+    assert!(
+        rising > ids.len() / 4 && rising < ids.len() * 3 / 4,
+        "the order shows: {rising} of {} rise",
+        ids.len()
+    );
+    let refused: redis::RedisResult<i64> = admin.incr(format!("segment:{orders}"), 2).await;
+    let message = refused.unwrap_err().to_string();
+    assert!(message.contains("hands out opaque IDs"), "{message}");
+    let revealed: redis::RedisResult<i64> = redis::cmd("LEAF.TAG")
+        .arg("REVEAL")
+        .arg(&orders)
+        .arg(42)
+        .query_async(&mut admin)
+        .await;
+    let message = revealed.unwrap_err().to_string();
+    assert!(message.contains("is not an opaque ID"), "{message}");
+
+    // 4 digits: sequential IDs 1 to 8999, every one a distinct four-digit number, then the end.
+    let mut pipe = redis::pipe();
+    for _ in 0..8999 {
+        pipe.incr(format!("segment:{small}"), 1);
+    }
+    let small_ids: Vec<i64> = pipe.query_async(&mut admin).await.unwrap();
+    let distinct: HashSet<i64> = small_ids.iter().copied().collect();
+    assert_eq!(distinct.len(), 8999);
+    assert!(small_ids.iter().all(|id| (1000..=9999).contains(id)));
+    let past: redis::RedisResult<i64> = admin.incr(format!("segment:{small}"), 1).await;
+    let message = past.unwrap_err().to_string();
+    assert!(message.contains("exhausted its ID space"), "{message}");
+
+    // Plain IDs that reached the opaque range: the tag cannot turn opaque.
+    let late_reply: redis::RedisResult<i64> = admin.incr(format!("segment:{late}"), 1).await;
+    let message = late_reply.unwrap_err().to_string();
+    assert!(message.contains("has served plain IDs"), "{message}");
+
+    // Another key, and a node serving the tag's plain IDs: both refused by the table's record.
+    for (other, expected) in [
+        (
+            config("another key, also sixteen+", true),
+            "under another key",
+        ),
+        (config(key, false), "plain IDs refused"),
+    ] {
+        let node = TestServer::start(other).await;
+        let mut con = node.client().await;
+        let reply: redis::RedisResult<i64> = con.incr(format!("segment:{orders}"), 1).await;
+        let message = reply.unwrap_err().to_string();
+        assert!(message.contains(expected), "{message}");
+        node.stop().await;
+    }
+    for node in nodes {
+        node.stop().await;
+    }
+}

@@ -488,16 +488,12 @@ def main():
                     failures = scenario(dialect, margin, binary, work, summaries)
                 except (leafd.NodeError, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
                     failures = [f"{type(e).__name__}: {e}"]
-                if failures:
-                    keep = True
-                    failed.append(name)
-                    print(f"FAILED {name} ({time.monotonic() - started:.0f} s):", flush=True)
-                    for failure in failures:
-                        print(f"  - {failure}", flush=True)
-                else:
-                    print(f"ok {name} ({time.monotonic() - started:.0f} s)", flush=True)
+                if leafd.print_outcome(name, failures, started):
                     # Its data directories (a quarter of a gigabyte for MariaDB) go at once.
                     shutil.rmtree(work, ignore_errors=True)
+                else:
+                    keep = True
+                    failed.append(name)
     finally:
         if keep:
             print(f"failover: logs kept in {work_root}", flush=True)

@@ -523,14 +523,9 @@ def main():
                 continue
             except (leafd.NodeError, RuntimeError, OSError, subprocess.TimeoutExpired, sqlite3.Error) as e:
                 failures = [f"{type(e).__name__}: {e}"]
-            if failures:
+            if not leafd.print_outcome(name, failures, started):
                 keep = True
                 failed.append(name)
-                print(f"FAILED {name} ({time.monotonic() - started:.0f} s):", flush=True)
-                for failure in failures:
-                    print(f"  - {failure}", flush=True)
-            else:
-                print(f"ok {name} ({time.monotonic() - started:.0f} s)", flush=True)
     finally:
         if keep:
             print(f"full-disk: node logs kept in {work_root}", flush=True)

@@ -3,7 +3,7 @@ file, log file, flags and environment, start / readiness / signals / stop), a mi
 client with pipelining, a TCP proxy for faults between leafd and its database (a stalled
 link, connections cut, a virtual IP moved), and load threads that collect every ID they are
 given, with the checks made on them afterwards (no ID twice, none above the database's max_id,
-IDs of one connection strictly increasing).
+IDs of one connection strictly increasing), and the line a script prints as each scenario ends.
 
 Standard library only. Import it from a script in this directory with
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -828,3 +828,17 @@ class IdReport:
                 f"repeats {self.repeats}, above database max_id {self.above_max}, "
                 f"order violations {self.order_violations}, snowflake repeats {self.snowflake_repeats}, "
                 f"errors {errors}{extra}")
+
+
+def print_outcome(name, failures, started):
+    """Prints how a scenario ended: `ok NAME (N s)`, or `FAILED NAME (N s):` and then each
+    failure on a line of its own (`  - ...`). started: its time.monotonic() at the start.
+    Returns True when it passed (no failures)."""
+    elapsed = time.monotonic() - started
+    if failures:
+        print(f"FAILED {name} ({elapsed:.0f} s):", flush=True)
+        for failure in failures:
+            print(f"  - {failure}", flush=True)
+        return False
+    print(f"ok {name} ({elapsed:.0f} s)", flush=True)
+    return True

@@ -38,8 +38,8 @@ impl SegmentEngine {
         )
         .await;
         match result {
-            Ok(Ok((alloc, guarded))) => match guarded {
-                Ok(()) => {
+            Ok(Ok(guarded)) => match guarded {
+                Ok(alloc) => {
                     let mut st = buffer.lock();
                     st.served += n as u64;
                     st.pass_block(alloc.max_id);
@@ -100,14 +100,30 @@ impl SegmentEngine {
         &self,
         buffer: &TagBuffer,
         step: Option<i64>,
-    ) -> Result<(LeafAlloc, Result<(), LoadFailure>), StoreError> {
+    ) -> Result<Result<LeafAlloc, LoadFailure>, StoreError> {
         let _one_at_a_time = buffer.allocating.lock().await;
+        if let Some(cipher) = buffer.opaque.as_ref() {
+            if !buffer.opaque_claimed.load(Ordering::Acquire) {
+                let (marker, max_id) = self
+                    .store
+                    .claim_opaque(&buffer.name, cipher.marker(), cipher.first_id())
+                    .await?;
+                if let Err(refused) = opaque_claim_result(cipher, marker.as_deref(), max_id) {
+                    return Ok(Err(refused));
+                }
+                buffer.opaque_claimed.store(true, Ordering::Release);
+            }
+        }
         let alloc = self.allocate_retrying(&buffer.name, step).await?;
         self.note_failover(&buffer.name, &alloc);
-        let guarded = self
-            .guard(&buffer.name, alloc.max_id, step.unwrap_or(alloc.step))
-            .await;
-        Ok((alloc, guarded))
+        let range_step = step.unwrap_or(alloc.step);
+        if let Err(refused) = opaque_range_check(buffer, &alloc, range_step) {
+            return Ok(Err(refused));
+        }
+        Ok(self
+            .guard(&buffer.name, alloc.max_id, range_step)
+            .await
+            .map(|()| alloc))
     }
 
     /// One allocation, retried for `load_timeout` while the database answers with errors that
@@ -174,8 +190,11 @@ impl SegmentEngine {
         };
         self.observer.load_finished(&buffer.name, started.elapsed());
         let outcome = match result {
-            Ok((alloc, Ok(()))) => Ok((alloc.clone(), requested_step.unwrap_or(alloc.step))),
-            Ok((_, Err(failure))) => Err(failure),
+            Ok(Ok(alloc)) => {
+                let step = requested_step.unwrap_or(alloc.step);
+                Ok((alloc, step))
+            }
+            Ok(Err(failure)) => Err(failure),
             Err(err) => Err(LoadFailure::from_store(&err)),
         };
         let now = self.clock.now_millis();
@@ -210,5 +229,55 @@ impl SegmentEngine {
         buffer
             .loaded
             .send_modify(|generation| *generation = generation.wrapping_add(1));
+    }
+}
+
+/// Whether the database's record lets this node serve the tag's opaque IDs under its key: the
+/// claim records the key's marker unless the tag has served plain IDs reaching the opaque
+/// range (`max_id` at or past the smallest opaque ID) or IDs under another key.
+fn opaque_claim_result(
+    cipher: &super::OpaqueCipher,
+    stored: Option<&str>,
+    max_id: i64,
+) -> Result<(), LoadFailure> {
+    match stored {
+        Some(marker) if marker == cipher.marker() => Ok(()),
+        Some(marker) => Err(LoadFailure::Unavailable(
+            format!(
+                "opaque IDs refused: the tag served opaque IDs under another key or digit count (recorded {marker}, configured {}); a changed key would repeat IDs",
+                cipher.marker()
+            )
+            .into(),
+        )),
+        None => Err(LoadFailure::Unavailable(
+            format!(
+                "opaque IDs refused: the tag has served plain IDs up to {max_id}, into the range of its opaque IDs (from {}); use a new tag, or more digits",
+                cipher.first_id()
+            )
+            .into(),
+        )),
+    }
+}
+
+/// An allocated range may be served: an opaque tag's row carries this key's marker; a plain
+/// tag that once served opaque IDs serves only plain IDs above all of them.
+fn opaque_range_check(buffer: &TagBuffer, alloc: &LeafAlloc, step: i64) -> Result<(), LoadFailure> {
+    let from = alloc.max_id - step + 1;
+    match (&buffer.opaque, alloc.opaque.as_deref()) {
+        (Some(cipher), stored) => opaque_claim_result(cipher, stored, alloc.max_id),
+        (None, Some(marker)) => {
+            let digits = super::opaque::marker_digits(marker).unwrap_or(super::opaque::MAX_DIGITS);
+            let past_opaque = 10i64.pow(digits);
+            if from >= past_opaque {
+                return Ok(());
+            }
+            Err(LoadFailure::Unavailable(
+                format!(
+                    "plain IDs refused: the tag served opaque IDs of {digits} digits ({marker}), and plain IDs below {past_opaque} could repeat them; configure it opaque again, or LEAF.TAG SKIP it past {past_opaque}"
+                )
+                .into(),
+            ))
+        }
+        (None, None) => Ok(()),
     }
 }

@@ -3,6 +3,7 @@
 
 mod buffer;
 mod load;
+pub mod opaque;
 mod snapshot;
 pub mod step;
 mod tags;
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 
 pub use buffer::{store_reason, BufferState, Interleave, LoadFailure, Segment};
 pub use load::LoadObserver;
+pub use opaque::OpaqueCipher;
 pub use tags::{validate_tag_name, MAX_TAG_LEN, MAX_TAG_START};
 
 use crate::clock::Clock;
@@ -39,6 +41,8 @@ pub struct SegmentSettings {
     /// Which IDs each tag hands out (`segment.id_delta`/`id_remainder`), by tag; `None`: all.
     pub interleave: Interleave,
     pub tag_interleave: std::collections::HashMap<String, Interleave>,
+    /// Tags that hand out opaque IDs (`[[segment.opaque]]`), with their permutation.
+    pub opaque: HashMap<String, Arc<OpaqueCipher>>,
 }
 
 impl SegmentSettings {
@@ -48,6 +52,11 @@ impl SegmentSettings {
             .get(tag)
             .copied()
             .unwrap_or(self.interleave)
+    }
+
+    /// The permutation of `tag`'s IDs, when it hands out opaque IDs.
+    pub fn opaque_of(&self, tag: &str) -> Option<Arc<OpaqueCipher>> {
+        self.opaque.get(tag).cloned()
     }
 }
 
@@ -121,19 +130,45 @@ pub struct TagBuffer {
     /// concurrent allocations could otherwise arrive out of order and look like a rollback,
     /// and a real rollback between two in-flight allocations could go unseen.
     allocating: tokio::sync::Mutex<()>,
+    /// The permutation its IDs go through before they are handed out (opaque IDs).
+    opaque: Option<Arc<OpaqueCipher>>,
+    /// The database confirmed that this tag serves opaque IDs under this key.
+    opaque_claimed: std::sync::atomic::AtomicBool,
 }
 
 impl TagBuffer {
-    fn new(name: &str, interleave: Interleave) -> TagBuffer {
+    fn new(name: &str, settings: &SegmentSettings) -> TagBuffer {
         TagBuffer {
             name: name.into(),
             state: Mutex::new(BufferState {
-                interleave,
+                interleave: settings.interleave_of(name),
                 ..BufferState::default()
             }),
             loaded: watch::Sender::new(0),
             allocating: tokio::sync::Mutex::new(()),
+            opaque: settings.opaque_of(name),
+            opaque_claimed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// What a request gets for the sequential ID `last`: itself, or its opaque ID.
+    fn handed_out(&self, last: i64) -> Result<i64, SegmentError> {
+        match &self.opaque {
+            None => Ok(last),
+            Some(cipher) => cipher
+                .encode(last)
+                .ok_or_else(|| SegmentError::Exhausted(self.name.to_string())),
+        }
+    }
+
+    /// Opaque IDs are handed out one at a time: a block of them is not a range.
+    fn refuses_count(&self, n: i64) -> Option<SegmentError> {
+        (n != 1 && self.opaque.is_some()).then(|| {
+            SegmentError::Invalid(format!(
+                "tag '{}' hands out opaque IDs, one per request: a block of {n} is not a range of IDs (use INCR)",
+                self.name
+            ))
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, BufferState> {
@@ -255,7 +290,11 @@ impl SegmentEngine {
             return None;
         }
         let tags = self.tags.load();
-        self.take_from_buffers(tags.get(tag)?, n)
+        let buffer = tags.get(tag)?;
+        if n != 1 && buffer.opaque.is_some() {
+            return None;
+        }
+        buffer.handed_out(self.take_from_buffers(buffer, n)?).ok()
     }
 
     /// Hands out `n` contiguous IDs of `tag` and returns the last one (the caller owns
@@ -268,10 +307,13 @@ impl SegmentEngine {
         let found = {
             let tags = self.tags.load();
             match tags.get(tag.as_bytes()) {
-                Some(buffer) => match self.take_from_buffers(buffer, n) {
-                    Some(last) => return Ok(last),
-                    None => Some(buffer.clone()),
-                },
+                Some(buffer) if buffer.opaque.is_none() => {
+                    match self.take_from_buffers(buffer, n) {
+                        Some(last) => return Ok(last),
+                        None => Some(buffer.clone()),
+                    }
+                }
+                Some(buffer) => Some(buffer.clone()),
                 None => None,
             }
         };
@@ -279,6 +321,9 @@ impl SegmentEngine {
             Some(buffer) => buffer,
             None => self.lookup_after_refresh(tag).await?,
         };
+        if let Some(refused) = buffer.refuses_count(n) {
+            return Err(refused);
+        }
         let deadline = tokio::time::Instant::now() + self.settings.load_timeout;
         let mut waited = false;
         loop {
@@ -319,7 +364,7 @@ impl SegmentEngine {
                     if preload {
                         self.spawn_load(buffer.clone());
                     }
-                    return Ok(last);
+                    return buffer.handed_out(last);
                 }
                 Step::Block => return self.allocate_block(&buffer, n).await,
                 Step::Failed(failure) => return Err(self.failure_error(tag, failure)),

@@ -108,12 +108,10 @@ impl SegmentEngine {
         let map: TagMap = rows
             .iter()
             .map(|row| {
-                let buffer = old.get(row.tag.as_bytes()).cloned().unwrap_or_else(|| {
-                    Arc::new(TagBuffer::new(
-                        &row.tag,
-                        self.settings.interleave_of(&row.tag),
-                    ))
-                });
+                let buffer = old
+                    .get(row.tag.as_bytes())
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(TagBuffer::new(&row.tag, &self.settings)));
                 (Box::from(row.tag.as_bytes()), buffer)
             })
             .collect();
@@ -160,7 +158,7 @@ impl SegmentEngine {
         self.tags.rcu(|map| {
             let mut map = TagMap::clone(map);
             map.entry(Box::from(tag.as_bytes()))
-                .or_insert_with(|| Arc::new(TagBuffer::new(tag, self.settings.interleave_of(tag))));
+                .or_insert_with(|| Arc::new(TagBuffer::new(tag, &self.settings)));
             map
         });
         Ok(())
@@ -213,6 +211,20 @@ impl SegmentEngine {
     }
 
     /// Changes the step stored for a tag; it applies from the tag's next load.
+    /// The sequential ID behind an opaque ID of `tag` (the permutation inverted with the key).
+    pub fn reveal(&self, tag: &str, id: i64) -> Result<i64, SegmentError> {
+        let cipher = self.settings.opaque.get(tag).ok_or_else(|| {
+            SegmentError::Invalid(format!("tag '{tag}' does not hand out opaque IDs"))
+        })?;
+        cipher.decode(id).ok_or_else(|| {
+            SegmentError::Invalid(format!(
+                "{id} is not an opaque ID of tag '{tag}': they are {} to {}",
+                cipher.first_id(),
+                cipher.first_id() + cipher.capacity() - 1
+            ))
+        })
+    }
+
     pub async fn set_step(&self, tag: &str, step: i64) -> Result<(), SegmentError> {
         self.validate_step(step)?;
         Ok(self.store.set_step(tag, step).await?)

@@ -14,6 +14,7 @@ fn engine(max_step: i64, clock: Arc<ManualClock>) -> Arc<SegmentEngine> {
         auto_create: None,
         interleave: Default::default(),
         tag_interleave: Default::default(),
+        opaque: Default::default(),
     };
     SegmentEngine::new(
         Arc::new(MemoryStore::new()),
@@ -114,6 +115,14 @@ impl SegmentStore for LateAnswers {
     ) -> Result<(), StoreError> {
         self.0.create_tag(tag, step, max_id, description).await
     }
+    async fn claim_opaque(
+        &self,
+        tag: &str,
+        marker: &str,
+        below: i64,
+    ) -> Result<(Option<String>, i64), StoreError> {
+        self.0.claim_opaque(tag, marker, below).await
+    }
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
         self.0.set_step(tag, step).await
     }
@@ -136,6 +145,7 @@ async fn a_block_reserved_during_a_slow_load_is_not_taken_for_a_rollback() {
         auto_create: None,
         interleave: Default::default(),
         tag_interleave: Default::default(),
+        opaque: Default::default(),
     };
     let engine = SegmentEngine::new(
         Arc::new(LateAnswers(MemoryStore::new())),
