@@ -86,6 +86,7 @@ pub fn snowflake_layout(sf: &SnowflakeConfig) -> Layout {
         timestamp_bits: sf.timestamp_bits,
         worker_bits: sf.worker_id_bits,
         sequence_bits: sf.sequence_bits,
+        unit_ms: sf.time_unit_ms,
     }
 }
 
@@ -409,6 +410,7 @@ async fn start_snowflake(
                 lease_ms: sf.database_lease_ms,
                 clock: clock.clone(),
                 state_file: config.storage.state_dir().join("snowflake-worker-db.json"),
+                layout: Arc::new(layout),
             })
         }
     };
@@ -419,7 +421,7 @@ async fn start_snowflake(
     let fence_file = FenceFile::new(sf.fence_path(&config.storage));
     let worker = coord::start(
         coordinator.as_ref(),
-        layout.epoch_ms,
+        &layout,
         fence_file,
         settings,
         clock.clone(),

@@ -154,7 +154,14 @@ async fn the_fence_in_the_row_outlives_the_node() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/leafd.db", dir.path().display());
     let state = tempfile::tempdir().unwrap();
-    let app = App::open(node_config(&url, &state, 2000)).await.unwrap();
+    // Worker id 0 is the only one, so the second node gets the first one's id and its fence.
+    let one_worker = |state: &tempfile::TempDir| {
+        let mut config = node_config(&url, state, 2000);
+        config.snowflake.worker_id_bits = 0;
+        config.snowflake.timestamp_bits = 51;
+        config
+    };
+    let app = App::open(one_worker(&state)).await.unwrap();
     app.snowflake().unwrap().next_ids(10).await.unwrap();
     app.close().await;
     // Another node, its own state directory, its clock 60 s behind: the id's fence stops it.
@@ -163,11 +170,8 @@ async fn the_fence_in_the_row_outlives_the_node() {
         Arc::new(SystemClock),
         -60_000,
     ));
-    let mut config = node_config(&url, &other, 2000);
+    let mut config = one_worker(&other);
     config.snowflake.max_start_wait_ms = 1000;
-    // It would take the never-used id 1; make id 0 the only one so its fence applies.
-    config.snowflake.worker_id_bits = 0;
-    config.snowflake.timestamp_bits = 51;
     let err = App::open_with_clock(config, behind)
         .await
         .err()
@@ -388,4 +392,104 @@ async fn nodes_sharing_a_state_directory_do_not_wait_for_each_other() {
     }
     first.close().await;
     second.close().await;
+}
+
+/// 41 timestamp + 4 worker + 8 sequence bits in 10 ms steps: IDs exact in JavaScript.
+fn javascript_safe(config: &mut Config) {
+    config.snowflake.timestamp_bits = 41;
+    config.snowflake.worker_id_bits = 4;
+    config.snowflake.sequence_bits = 8;
+    config.snowflake.time_unit_ms = 10;
+}
+
+/// A 53-bit layout with a 10 ms unit through the server: SNOWFLAKE over RESP and HTTP gives
+/// increasing IDs of at most 2^53 − 1; LEAF.DECODE and LEAF.FROMTIME follow the unit. Then the
+/// layout record: the default 63-bit layout may follow it (its first ID is above any a 53-bit
+/// layout can issue), the 53-bit one may not follow that again: refused by the table (a node
+/// with a fresh state directory) and by the fence file (the static coordinator).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_53_bit_layout_and_layout_changes_that_could_go_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/leafd.db", dir.path().display());
+    let state = tempfile::tempdir().unwrap();
+    let mut config = node_config(&url, &state, 2000);
+    javascript_safe(&mut config);
+    let server = common::TestServer::start(config).await;
+    let mut con = server.client().await;
+    let mut last = 0i64;
+    for _ in 0..30 {
+        let ids: Vec<i64> = redis::cmd("SNOWFLAKE")
+            .arg(100)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        for id in ids {
+            assert!(id > last && id < 1 << 53, "{id} after {last}");
+            last = id;
+        }
+    }
+    let url_http = server.http_url("/api/snowflake/get/any");
+    let over_http: i64 = reqwest::get(&url_http)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(over_http > last && over_http < 1 << 53);
+    let fields: std::collections::HashMap<String, redis::Value> = redis::cmd("LEAF.DECODE")
+        .arg(over_http)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let timestamp_ms: i64 = redis::from_redis_value(fields["timestamp_ms"].clone()).unwrap();
+    assert_eq!((timestamp_ms - 1_288_834_974_657) % 10, 0, "{timestamp_ms}");
+    let next_step: i64 = redis::cmd("LEAF.FROMTIME")
+        .arg(timestamp_ms + 10)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let this_step: i64 = redis::cmd("LEAF.FROMTIME")
+        .arg(timestamp_ms + 9)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(this_step <= over_http && over_http < next_step);
+    last = over_http;
+    server.stop().await;
+
+    // The default layout after the 53-bit one: its IDs start far above.
+    let app = App::open(node_config(&url, &state, 2000)).await.unwrap();
+    let id = app.snowflake().unwrap().next_ids(1).await.unwrap()[0];
+    assert!(id > last);
+    app.close().await;
+
+    // The 53-bit layout again: its IDs would go back. Refused by the table, for this node and
+    // for one with no history of its own.
+    for state in [&state, &tempfile::tempdir().unwrap()] {
+        let mut config = node_config(&url, state, 2000);
+        javascript_safe(&mut config);
+        let err = App::open(config).await.err().expect("refused");
+        let text = err.to_string();
+        assert!(text.contains("snowflake layout change refused"), "{text}");
+        assert!(text.contains("recorded in leaf_worker"), "{text}");
+    }
+
+    // The static coordinator: the fence file alone holds the record.
+    let static_state = tempfile::tempdir().unwrap();
+    let static_config = |javascript: bool| {
+        let mut config = node_config(&url, &static_state, 2000);
+        config.snowflake.coordinator = CoordinatorKind::Static;
+        config.snowflake.worker_id = 3;
+        if javascript {
+            javascript_safe(&mut config);
+        }
+        config
+    };
+    let app = App::open(static_config(false)).await.unwrap();
+    app.snowflake().unwrap().next_ids(10).await.unwrap();
+    app.close().await;
+    let err = App::open(static_config(true)).await.err().expect("refused");
+    assert!(err.to_string().contains("snowflake-fence-w3.json"), "{err}");
 }

@@ -25,9 +25,13 @@ pub struct SnowflakeConfig {
     pub enabled: bool,
     /// Milliseconds since the UNIX epoch at which timestamps start (Twitter's by default).
     pub epoch_ms: u64,
+    /// The ID's fields: they sum to 63 or less (53 or less keeps IDs exact in JavaScript).
     pub timestamp_bits: u32,
     pub worker_id_bits: u32,
     pub sequence_bits: u32,
+    /// Milliseconds per step of the timestamp field: 1 (Twitter, Leaf), 10 (sonyflake), up to
+    /// 1000 (uid-generator); a longer unit makes a small timestamp field last longer.
+    pub time_unit_ms: u64,
     /// A clock step back up to this many ms is waited out; a larger one is refused
     /// (`-CLOCKBACK`) until the clock has caught up.
     pub max_backward_ms: u64,
@@ -61,6 +65,7 @@ impl Default for SnowflakeConfig {
             timestamp_bits: 41,
             worker_id_bits: 10,
             sequence_bits: 12,
+            time_unit_ms: 1,
             max_backward_ms: 5,
             max_batch: 4096,
             coordinator: CoordinatorKind::Database,
@@ -148,6 +153,18 @@ impl SnowflakeConfig {
         }
         if !(100..=600_000).contains(&self.fence_window_ms) {
             return Err("snowflake.fence_window_ms must be between 100 and 600000".into());
+        }
+        // An ID of a step is issued only while the fence and the lease cover the whole step.
+        let unit = self.time_unit_ms.max(1);
+        if self.fence_window_ms < 4 * unit
+            || (self.coordinator == CoordinatorKind::Database && self.database_lease_ms < 4 * unit)
+            || (self.coordinator == CoordinatorKind::Zookeeper
+                && self.zookeeper.lease_ms < 4 * unit)
+        {
+            return Err(
+                "snowflake.fence_window_ms and the coordinator's lease must be at least 4 × time_unit_ms"
+                    .into(),
+            );
         }
         let zk = &self.zookeeper;
         if self.coordinator == CoordinatorKind::Zookeeper {

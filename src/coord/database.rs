@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::{CoordError, Coordinator, HeldWorker};
+use super::{CoordError, Coordinator, HeldWorker, LayoutRecord};
 use crate::clock::Clock;
 use crate::coord::IssueLimit;
 use crate::storage::WorkerLeaseStore;
@@ -31,6 +31,8 @@ pub struct DatabaseCoordinator {
     pub clock: Arc<dyn Clock>,
     /// Remembers the id held last (in the state directory).
     pub state_file: PathBuf,
+    /// The snowflake layout this node issues in; the table records the cluster's.
+    pub layout: Arc<dyn LayoutRecord>,
 }
 
 impl DatabaseCoordinator {
@@ -60,6 +62,52 @@ impl DatabaseCoordinator {
         if let Err(e) = std::fs::write(&self.state_file, json) {
             tracing::warn!(error = %e, file = %self.state_file.display(), "cannot remember the worker id");
         }
+    }
+
+    /// The table records the layout its worker ids issue in. Another layout is taken over only
+    /// when no node holds a live lease (it would go on issuing IDs of the old layout) and the
+    /// new layout's IDs from now on are above all the old one could have issued up to the
+    /// latest fence of any worker id.
+    async fn adopt_layout(&self) -> Result<(), CoordError> {
+        let mine = self.layout.descriptor();
+        let mut expected: Option<String> = None;
+        // The record moves only from what was read, so nodes racing with different layouts
+        // settle on one; a few rounds are enough for that.
+        for _ in 0..3 {
+            let recorded = self
+                .store
+                .record_layout(expected.as_deref(), &mine)
+                .await
+                .map_err(db)?;
+            let Some(other) = recorded.filter(|r| *r != mine) else {
+                return Ok(());
+            };
+            let rows = self.store.workers().await.map_err(db)?;
+            let live: Vec<i64> = rows
+                .iter()
+                .filter(|r| r.lease_until >= r.db_now)
+                .map(|r| r.worker_id)
+                .collect();
+            if !live.is_empty() {
+                return Err(CoordError::LayoutChange(format!(
+                    "worker ids {live:?} are leased by nodes issuing IDs of {other}; stop all of them (or wait for their leases to end) before starting a node with {mine}"
+                )));
+            }
+            let fence = rows
+                .iter()
+                .map(|r| r.fence_ms.max(0) as u64)
+                .max()
+                .unwrap_or(0);
+            self.layout
+                .may_follow(&other, fence, self.clock.now_millis())
+                .map_err(|why| {
+                    CoordError::LayoutChange(format!("{why} (recorded in leaf_worker)"))
+                })?;
+            expected = Some(other);
+        }
+        Err(CoordError::LayoutChange(
+            "the layout recorded in leaf_worker kept changing (nodes with different layouts starting at once)".into(),
+        ))
     }
 
     /// The ids to try, in order: the previous one, the never-used ones from the lowest (nodes
@@ -92,6 +140,7 @@ impl Coordinator for DatabaseCoordinator {
     }
 
     async fn acquire(&self, limit: Arc<IssueLimit>) -> Result<Box<dyn HeldWorker>, CoordError> {
+        self.adopt_layout().await?;
         let owner = format!("{}#{:016x}", self.endpoint, fastrand::u64(..));
         let lease = self.lease_ms as i64;
         // Within a lease of a failover the table may have lost the last renewals or the very

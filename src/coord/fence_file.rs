@@ -8,16 +8,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 /// What the file holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FenceRecord {
     /// No ID this node issued carries a later timestamp (ms since the UNIX epoch).
     pub fence_ms: u64,
+    /// The snowflake layout those IDs were issued in (its descriptor); absent in files of
+    /// versions that did not record it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
 }
 
 /// A fence file at a fixed path.
 #[derive(Debug, Clone)]
 pub struct FenceFile {
     path: PathBuf,
+    /// The layout written beside every fence.
+    layout: Option<std::sync::Arc<str>>,
 }
 
 /// Temporary files are unique per writer, so two writers never rename each other's file.
@@ -25,7 +31,16 @@ static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 impl FenceFile {
     pub fn new(path: impl Into<PathBuf>) -> FenceFile {
-        FenceFile { path: path.into() }
+        FenceFile {
+            path: path.into(),
+            layout: None,
+        }
+    }
+
+    /// The same file, recording `layout` (a descriptor) with every fence it stores.
+    pub fn with_layout(mut self, layout: &str) -> FenceFile {
+        self.layout = Some(layout.into());
+        self
     }
 
     /// The file of one worker id beside this one (`snowflake-fence.json` →
@@ -40,7 +55,10 @@ impl FenceFile {
             Some(ext) => format!("{stem}-w{worker_id}.{}", ext.to_string_lossy()),
             None => format!("{stem}-w{worker_id}"),
         };
-        FenceFile::new(self.path.with_file_name(name))
+        FenceFile {
+            path: self.path.with_file_name(name),
+            layout: self.layout.clone(),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -53,11 +71,16 @@ impl FenceFile {
 
     /// The stored fence; `Ok(0)` when there is no file yet.
     pub fn load(&self) -> Result<u64, String> {
+        Ok(self.load_record()?.map_or(0, |r| r.fence_ms))
+    }
+
+    /// The stored record; `Ok(None)` when there is no file yet.
+    pub fn load_record(&self) -> Result<Option<FenceRecord>, String> {
         match std::fs::read(&self.path) {
             Ok(bytes) => serde_json::from_slice::<FenceRecord>(&bytes)
-                .map(|r| r.fence_ms)
+                .map(Some)
                 .map_err(|e| self.error(format!("unreadable ({e}); if the node's IDs may have been issued, restore it or wait past the last fence, then delete it"))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(self.error(e)),
         }
     }
@@ -75,7 +98,11 @@ impl FenceFile {
             std::process::id(),
             TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        let json = serde_json::to_vec(&FenceRecord { fence_ms }).map_err(|e| self.error(e))?;
+        let record = FenceRecord {
+            fence_ms,
+            layout: self.layout.as_deref().map(str::to_string),
+        };
+        let json = serde_json::to_vec(&record).map_err(|e| self.error(e))?;
         let written = (|| {
             let mut file = std::fs::File::create(&tmp)?;
             file.write_all(&json)?;

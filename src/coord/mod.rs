@@ -21,6 +21,17 @@ use crate::clock::Clock;
 use fence::{FenceKeeper, FenceSettings};
 use fence_file::FenceFile;
 
+/// The snowflake layout as the coordinators record it beside fences and leases: they store its
+/// descriptor and ask it whether following a recorded layout is safe, knowing nothing of IDs.
+pub trait LayoutRecord: Send + Sync {
+    fn descriptor(&self) -> String;
+    /// The layout's epoch (UNIX ms): the clock must be past it.
+    fn epoch_ms(&self) -> u64;
+    /// `Ok` when every ID this layout issues from `now_ms` on is above every ID the layout
+    /// `previous` (a descriptor) could have issued, by any worker, up to `fence_ms`; else why.
+    fn may_follow(&self, previous: &str, fence_ms: u64, now_ms: u64) -> Result<(), String>;
+}
+
 /// Why a worker id could not be obtained; every one of these stops the start.
 #[derive(Debug, thiserror::Error)]
 pub enum CoordError {
@@ -48,6 +59,8 @@ pub enum CoordError {
     Identity(String),
     #[error("worker-id lease table: {0}")]
     Database(String),
+    #[error("snowflake layout change refused: {0}")]
+    LayoutChange(String),
 }
 
 /// A worker id a coordinator granted, kept by the coordinator's own task until closed.
@@ -122,13 +135,17 @@ impl Worker {
 /// this node and the id's previous holders recorded (or refuses), makes the first fence durable,
 /// and keeps extending it in the background. `fence_file` itself, written by leafd before
 /// fences were kept per worker id, still holds the start back once.
+///
+/// The worker id's file also records the layout: a start with another layout is refused unless
+/// its IDs from now on are above all the old layout could have issued up to that fence.
 pub async fn start(
     coordinator: &dyn Coordinator,
-    epoch_ms: u64,
+    layout: &dyn LayoutRecord,
     fence_file: FenceFile,
     settings: FenceSettings,
     clock: Arc<dyn Clock>,
 ) -> Result<Worker, CoordError> {
+    let epoch_ms = layout.epoch_ms();
     let now = clock.now_millis();
     if now <= epoch_ms {
         return Err(CoordError::EpochInFuture {
@@ -145,7 +162,25 @@ pub async fn start(
             return Err(CoordError::Fence(e));
         }
     };
-    let fence_file = fence_file.for_worker(held.worker_id());
+    let fence_file = fence_file
+        .for_worker(held.worker_id())
+        .with_layout(&layout.descriptor());
+    let previous = match fence_file.load_record() {
+        Ok(record) => record,
+        Err(e) => {
+            held.close(None).await;
+            return Err(CoordError::Fence(e));
+        }
+    };
+    if let Some((recorded, fence)) = previous.and_then(|r| Some((r.layout?, r.fence_ms))) {
+        if let Err(why) = layout.may_follow(&recorded, fence, clock.now_millis()) {
+            held.close(None).await;
+            return Err(CoordError::LayoutChange(format!(
+                "{why} (recorded in {})",
+                fence_file.path().display()
+            )));
+        }
+    }
     let keeper = FenceKeeper::new(fence_file.clone(), settings, clock, limit.clone());
     let floor = held.floor_ms().max(shared_fence);
     if let Err(e) = keeper.open(floor, held.floor_wait_ms()).await {

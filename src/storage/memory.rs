@@ -14,6 +14,8 @@ pub struct MemoryStore {
     /// `leaf_worker`, for the database coordinator in tests (the system clock stands in for
     /// the database's).
     workers: Mutex<BTreeMap<i64, WorkerRow>>,
+    /// The snowflake layout recorded for the worker ids.
+    layout: Mutex<Option<String>>,
 }
 
 fn now_ms() -> i64 {
@@ -179,5 +181,17 @@ impl WorkerLeaseStore for MemoryStore {
                 ..row.clone()
             })
             .collect())
+    }
+
+    async fn record_layout(
+        &self,
+        expected: Option<&str>,
+        layout: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let mut recorded = self.layout.lock().unwrap_or_else(|p| p.into_inner());
+        if recorded.as_deref() == expected {
+            *recorded = Some(layout.to_string());
+        }
+        Ok(recorded.clone())
     }
 }

@@ -258,6 +258,13 @@ pub trait WorkerLeaseStore: Send + Sync + 'static {
     async fn release(&self, worker_id: i64, owner: &str, fence_ms: i64) -> Result<(), StoreError>;
     /// Every row, by worker id.
     async fn workers(&self) -> Result<Vec<WorkerRow>, StoreError>;
+    /// The snowflake layout the table's worker ids were issued in (row −2's owner), moved to
+    /// `layout` when it is still `expected` (`None`: no record yet); returns the record after.
+    async fn record_layout(
+        &self,
+        expected: Option<&str>,
+        layout: &str,
+    ) -> Result<Option<String>, StoreError>;
 }
 
 /// True for a primary-key clash (the row exists already).

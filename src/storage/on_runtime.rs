@@ -149,4 +149,14 @@ impl WorkerLeaseStore for OnRuntime<dyn WorkerLeaseStore> {
     async fn workers(&self) -> Result<Vec<WorkerRow>, StoreError> {
         self.run(|s| async move { s.workers().await }).await
     }
+
+    async fn record_layout(
+        &self,
+        expected: Option<&str>,
+        layout: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let (expected, layout) = (expected.map(str::to_string), layout.to_string());
+        self.run(|s| async move { s.record_layout(expected.as_deref(), &layout).await })
+            .await
+    }
 }

@@ -177,6 +177,44 @@ macro_rules! worker_lease_store {
                 .await
             }
 
+            async fn record_layout(
+                &self,
+                expected: Option<&str>,
+                layout: &str,
+            ) -> Result<Option<String>, $crate::storage::StoreError> {
+                // Each statement commits by itself: the record moves only from what the caller
+                // saw, so of nodes racing with different layouts one wins and the others re-read.
+                match expected {
+                    None => {
+                        let insert = format!(
+                            "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-2, {}, 0, 0)",
+                            $p(1)
+                        );
+                        let inserted = sqlx::query(&insert).bind(layout).execute(&self.pool).await;
+                        match inserted {
+                            Err(e) if !$crate::storage::unique_violation(&e) => return Err(e.into()),
+                            _ => {}
+                        }
+                    }
+                    Some(expected) => {
+                        let switch = format!(
+                            "UPDATE leaf_worker SET owner = {} WHERE worker_id = -2 AND owner = {}",
+                            $p(1), $p(2)
+                        );
+                        sqlx::query(&switch)
+                            .bind(layout)
+                            .bind(expected)
+                            .execute(&self.pool)
+                            .await?;
+                    }
+                }
+                let rows: Vec<(String,)> =
+                    sqlx::query_as("SELECT owner FROM leaf_worker WHERE worker_id = -2")
+                        .fetch_all(&self.pool)
+                        .await?;
+                Ok(rows.into_iter().next().map(|(owner,)| owner))
+            }
+
             async fn workers(
                 &self,
             ) -> Result<Vec<$crate::storage::WorkerRow>, $crate::storage::StoreError> {

@@ -97,4 +97,25 @@ try:
     raise AssertionError("a time before the epoch must be refused")
 except redis.ResponseError as e:
     assert "before the snowflake epoch" in str(e), e
-print(f"redis-py {redis.__version__}: {len(seen)} unique IDs, LEAF.FROMTIME checked at {len(boundaries)} instants")
+
+# Opaque IDs (run.sh configures py-opaque with 8 digits): distinct 8-digit numbers whose order
+# is not the sequence's, each revealed back to a distinct sequential ID; INCRBY is refused.
+assert r.execute_command("LEAF.TAG", "CREATE", "py-opaque", 100) in (b"OK", "OK")
+pipe = r.pipeline(transaction=False)
+for _ in range(2000):
+    pipe.incr("segment:py-opaque")
+opaque = pipe.execute()
+assert all(10_000_000 <= i <= 99_999_999 for i in opaque), opaque[:5]
+assert len(set(opaque)) == len(opaque), "opaque IDs repeat"
+rising = sum(1 for a, b in zip(opaque, opaque[1:]) if b > a)
+assert 600 < rising < 1400, f"the order shows: {rising} of 1999 rise"
+pipe = r.pipeline(transaction=False)
+for i in opaque:
+    pipe.execute_command("LEAF.TAG", "REVEAL", "py-opaque", i)
+assert pipe.execute() == list(range(1, 2001)), "REVEAL gives back the sequence"
+try:
+    r.incrby("segment:py-opaque", 2)
+    raise AssertionError("INCRBY on an opaque tag must be refused")
+except redis.ResponseError as e:
+    assert "hands out opaque IDs" in str(e), e
+print(f"redis-py {redis.__version__}: {len(seen)} unique IDs, LEAF.FROMTIME checked at {len(boundaries)} instants, {len(opaque)} opaque IDs")

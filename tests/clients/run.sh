@@ -11,7 +11,15 @@ leafd_bin=${1:-target/debug/leafd}
 work=$(mktemp -d)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 port=$(free_port)
-"$leafd_bin" --bind "127.0.0.1:$port" --http-bind "127.0.0.1:$(free_port)" \
+# One tag hands out opaque IDs (redis-py checks them); everything else is the default.
+cat > "$work/leafd.toml" <<'TOML'
+[segment]
+opaque_key = "client tests key, 16+ characters"
+[[segment.opaque]]
+tag = "py-opaque"
+digits = 8
+TOML
+"$leafd_bin" --config "$work/leafd.toml" --bind "127.0.0.1:$port" --http-bind "127.0.0.1:$(free_port)" \
   --storage-url "sqlite://$work/leafd.db" > "$work/leafd.log" 2>&1 &
 leafd_pid=$!
 trap 'kill $leafd_pid 2>/dev/null; wait $leafd_pid 2>/dev/null; rm -rf "$work"' EXIT

@@ -10,9 +10,11 @@ collected and checked for global uniqueness. Cases:
                        SIGCONT: the resumed node must issue nothing
   db-*                 the database coordinator on one SQLite file: SIGKILL + restart 1 s back,
                        two nodes from one config, SIGSTOP past the lease with one worker id
-Loopback only; bounded (about 90 s); prints the IDs checked per case.
+Loopback only; bounded (about 90 s); prints the IDs checked per case. FAULTS_LAYOUT=js-safe runs
+every case with the JavaScript-safe layout (41 + 4 + 8 bits in 10 ms steps): then every ID must
+also be at most 2^53 - 1.
 
-usage: snowflake_faults.py LEAFD_BIN ZOOKEEPER_CONNECT [CASE_GROUP...]
+usage: [FAULTS_LAYOUT=default|js-safe] snowflake_faults.py LEAFD_BIN ZOOKEEPER_CONNECT [CASE_GROUP...]
 """
 import os
 import random
@@ -29,12 +31,26 @@ all_ids = {}  # id -> case that issued it
 random.seed(int(os.environ.get("FAULTS_SEED", time.time())))
 
 
-def timestamp_of(snowflake_id):
-    return (snowflake_id >> 22) + 1288834974657
+LAYOUTS = {
+    "default": {"timestamp_bits": 41, "worker_id_bits": 10, "sequence_bits": 12, "time_unit_ms": 1},
+    "js-safe": {"timestamp_bits": 41, "worker_id_bits": 4, "sequence_bits": 8, "time_unit_ms": 10},
+}
+LAYOUT_NAME = os.environ.get("FAULTS_LAYOUT", "default")
+LAYOUT = LAYOUTS[LAYOUT_NAME]
+EPOCH_MS = 1288834974657
+SEQUENCE_BITS, WORKER_BITS, UNIT_MS = LAYOUT["sequence_bits"], LAYOUT["worker_id_bits"], LAYOUT["time_unit_ms"]
+MAX_ID = (1 << (LAYOUT["timestamp_bits"] + WORKER_BITS + SEQUENCE_BITS)) - 1
+# One worker id only (worker_id_bits 0), the same total of bits.
+DB_ONE_ID = {"database_lease_ms": 2000, "worker_id_bits": 0, "timestamp_bits": LAYOUT["timestamp_bits"] + WORKER_BITS}
+
+
+def timestamp_of(snowflake_id, worker_bits=WORKER_BITS):
+    """The first millisecond of the ID's time step."""
+    return (snowflake_id >> (worker_bits + SEQUENCE_BITS)) * UNIT_MS + EPOCH_MS
 
 
 def worker_of(snowflake_id):
-    return (snowflake_id >> 12) & 0x3FF
+    return (snowflake_id >> SEQUENCE_BITS) & ((1 << WORKER_BITS) - 1)
 
 
 def start_node(workdir, name, coordinator="static", advertise=None, cluster=None, faketime=None, extra=None,
@@ -43,7 +59,7 @@ def start_node(workdir, name, coordinator="static", advertise=None, cluster=None
     FAKETIME value; `extra` more [snowflake] keys."""
     config = {"http": {"enabled": False},
               "snowflake": {"coordinator": coordinator, "fence_file": f"{workdir}/{name}/fence.json",
-                            "max_start_wait_ms": 10000, **(extra or {})}}
+                            "max_start_wait_ms": 10000, **LAYOUT, **(extra or {})}}
     if coordinator == "zookeeper":
         config["snowflake.zookeeper"] = {"connect": zk_connect, "cluster": cluster, "session_timeout_ms": 2000,
                                          "report_interval_ms": 500, "lease_ms": 2000,
@@ -80,8 +96,8 @@ def record(case, ids):
     """Adds a case's IDs to the global set; any repeat (within or across cases) fails."""
     repeated = 0
     for i in ids:
-        if i <= 0:
-            raise SystemExit(f"{case}: non-positive ID {i}")
+        if i <= 0 or i > MAX_ID:
+            raise SystemExit(f"{case}: ID {i} outside 1 ..= {MAX_ID} ({LAYOUT_NAME} layout)")
         if i in all_ids:
             repeated += 1
             if repeated <= 3:
@@ -228,9 +244,6 @@ def zk_sigstop(work):
           f"resumed node issued 0 and answered {len(errors)} x UNAVAILABLE, no repeat")
 
 
-DB_ONE_ID = {"database_lease_ms": 2000, "worker_id_bits": 0, "timestamp_bits": 51}
-
-
 def db_cases(work):
     """The database coordinator on one shared SQLite file."""
     shared = f"sqlite://{work}/shared-db/leafd.db"
@@ -284,8 +297,8 @@ def db_cases(work):
     time.sleep(2.0)
     ib, ia = lb.finish(), la.finish()
     stop(b, a)
-    # Worker id bits 0: the timestamp starts at bit 12.
-    resumed = [i for i in ia if (i >> 12) + 1288834974657 > stopped_ms + 100]
+    # Worker id bits 0: the timestamp starts right above the sequence.
+    resumed = [i for i in ia if timestamp_of(i, worker_bits=0) > stopped_ms + 100]
     if resumed or not ib:
         raise SystemExit(f"db-sigstop: resumed node issued {len(resumed)} IDs, the new holder {len(ib)}")
     n = record("db-sigstop a", ia) + record("db-sigstop b", ib)
@@ -305,7 +318,8 @@ def main():
                 case(work)
             except leafd.NodeError as e:
                 raise SystemExit(str(e))
-    print(f"snowflake faults: {len(all_ids)} IDs checked in all, none repeated, {time.time() - started:.0f} s")
+    print(f"snowflake faults ({LAYOUT_NAME} layout): {len(all_ids)} IDs checked in all, none repeated, "
+          f"{time.time() - started:.0f} s")
 
 
 main()

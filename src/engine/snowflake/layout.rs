@@ -1,16 +1,20 @@
-//! The bit layout of a snowflake ID (sign 0 | timestamp | worker id | sequence) and the
-//! conversions between an ID and its fields.
+//! The bit layout of a snowflake ID (sign 0 | timestamp | worker id | sequence), its time unit,
+//! and the conversions between an ID and its fields.
 
 /// Twitter's snowflake epoch (2010-11-04T01:42:54.657Z), the default Leaf uses.
 pub const TWITTER_EPOCH_MS: u64 = 1_288_834_974_657;
 
-/// How the 63 usable bits are split; validated so that they sum to 63.
+/// How the bits of an ID are split (at most 63; 53 or fewer keep IDs exact in JavaScript), and
+/// how long one step of the timestamp field lasts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     pub epoch_ms: u64,
     pub timestamp_bits: u32,
     pub worker_bits: u32,
     pub sequence_bits: u32,
+    /// Milliseconds per step of the timestamp field (1 as Twitter, 10 as sonyflake, 1000 as
+    /// uid-generator): all IDs of one step share its sequence.
+    pub unit_ms: u64,
 }
 
 /// The fields of an ID.
@@ -29,6 +33,7 @@ impl Default for Layout {
             timestamp_bits: 41,
             worker_bits: 10,
             sequence_bits: 12,
+            unit_ms: 1,
         }
     }
 }
@@ -36,21 +41,80 @@ impl Default for Layout {
 impl Layout {
     pub fn validate(&self) -> Result<(), String> {
         let total = self.timestamp_bits + self.worker_bits + self.sequence_bits;
-        if total != 63 {
+        if total > 63 {
             return Err(format!(
-                "snowflake bits must sum to 63 (timestamp {} + worker {} + sequence {} = {total})",
+                "snowflake bits must sum to 63 or less (timestamp {} + worker {} + sequence {} = {total})",
                 self.timestamp_bits, self.worker_bits, self.sequence_bits
             ));
         }
-        if self.timestamp_bits < 30
-            || self.worker_bits > 20
+        if !(28..=53).contains(&self.timestamp_bits)
+            || self.worker_bits > 22
             || !(1..=22).contains(&self.sequence_bits)
         {
             return Err(
-                "snowflake bits: timestamp needs >= 30, worker <= 20, sequence 1 to 22".into(),
+                "snowflake bits: timestamp 28 to 53, worker 0 to 22, sequence 1 to 22".into(),
             );
         }
+        if !(1..=1000).contains(&self.unit_ms) {
+            return Err("snowflake.time_unit_ms must be between 1 and 1000".into());
+        }
         Ok(())
+    }
+
+    /// The layout as it is recorded beside the time fence, to notice a change
+    /// (`epoch_ms=…,bits=41/10/12,unit_ms=1`).
+    pub fn descriptor(&self) -> String {
+        format!(
+            "epoch_ms={},bits={}/{}/{},unit_ms={}",
+            self.epoch_ms, self.timestamp_bits, self.worker_bits, self.sequence_bits, self.unit_ms
+        )
+    }
+
+    /// The layout a [`Layout::descriptor`] names.
+    pub fn from_descriptor(text: &str) -> Option<Layout> {
+        let mut layout = Layout::default();
+        for part in text.split(',') {
+            let (key, value) = part.split_once('=')?;
+            match key {
+                "epoch_ms" => layout.epoch_ms = value.parse().ok()?,
+                "unit_ms" => layout.unit_ms = value.parse().ok()?,
+                "bits" => {
+                    let mut bits = value.split('/').map(str::parse::<u32>);
+                    layout.timestamp_bits = bits.next()?.ok()?;
+                    layout.worker_bits = bits.next()?.ok()?;
+                    layout.sequence_bits = bits.next()?.ok()?;
+                }
+                _ => return None,
+            }
+        }
+        layout.validate().ok().map(|()| layout)
+    }
+
+    /// The largest ID this layout can have issued, by any worker, up to `fence_ms`.
+    pub fn max_id_until(&self, fence_ms: u64) -> i64 {
+        let until = fence_ms.clamp(self.epoch_ms, self.max_timestamp_ms());
+        self.encode(until, self.max_worker_id(), self.max_sequence())
+    }
+
+    /// The step of the timestamp field that the millisecond `timestamp_ms` falls in.
+    pub fn tick(&self, timestamp_ms: u64) -> u64 {
+        (timestamp_ms - self.epoch_ms) / self.unit_ms
+    }
+
+    /// The first millisecond of step `tick`.
+    pub fn tick_start_ms(&self, tick: u64) -> u64 {
+        self.epoch_ms + tick * self.unit_ms
+    }
+
+    /// The last millisecond of step `tick`: an ID of that step may be issued only when the
+    /// time fence and the lease cover all of it.
+    pub fn tick_last_ms(&self, tick: u64) -> u64 {
+        self.tick_start_ms(tick) + self.unit_ms - 1
+    }
+
+    /// How long the layout lasts, in days from its epoch.
+    pub fn lifetime_days(&self) -> u64 {
+        ((1u64 << self.timestamp_bits) * self.unit_ms) / 86_400_000
     }
 
     pub fn max_worker_id(&self) -> u64 {
@@ -63,12 +127,13 @@ impl Layout {
 
     /// The last millisecond (since the UNIX epoch) the timestamp field can hold.
     pub fn max_timestamp_ms(&self) -> u64 {
-        self.epoch_ms + ((1u64 << self.timestamp_bits) - 1)
+        self.tick_last_ms((1u64 << self.timestamp_bits) - 1)
     }
 
     /// The smallest ID of the millisecond `timestamp_ms` (worker 0, sequence 0): every ID
     /// issued at or after that instant is at least this, every one issued before is below, so
-    /// `id >= first_id_at(t1) AND id < first_id_at(t2)` selects the IDs of `[t1, t2)`.
+    /// `id >= first_id_at(t1) AND id < first_id_at(t2)` selects the IDs of `[t1, t2)`. With a
+    /// unit over 1 ms, an instant stands for the whole step it falls in (rounded down).
     pub fn first_id_at(&self, timestamp_ms: u64) -> Result<i64, String> {
         if timestamp_ms < self.epoch_ms {
             return Err(format!(
@@ -87,7 +152,7 @@ impl Layout {
 
     /// Packs the fields; the caller guarantees each is in range.
     pub fn encode(&self, timestamp_ms: u64, worker_id: u64, sequence: u64) -> i64 {
-        let since_epoch = timestamp_ms - self.epoch_ms;
+        let since_epoch = self.tick(timestamp_ms);
         ((since_epoch << (self.worker_bits + self.sequence_bits))
             | (worker_id << self.sequence_bits)
             | sequence) as i64
@@ -100,7 +165,7 @@ impl Layout {
         }
         let id = id as u64;
         Some(Decoded {
-            timestamp_ms: (id >> (self.worker_bits + self.sequence_bits)) + self.epoch_ms,
+            timestamp_ms: self.tick_start_ms(id >> (self.worker_bits + self.sequence_bits)),
             worker_id: (id >> self.sequence_bits) & self.max_worker_id(),
             sequence: id & self.max_sequence(),
         })
@@ -188,12 +253,49 @@ mod tests {
     }
 
     #[test]
-    fn bit_split_must_sum_to_63() {
+    fn bit_split_must_sum_to_63_or_less() {
         let mut layout = Layout::default();
         assert!(layout.validate().is_ok());
         layout.worker_bits = 11;
-        assert!(layout.validate().unwrap_err().contains("sum to 63"));
+        assert!(layout.validate().unwrap_err().contains("sum to 63 or less"));
         layout.timestamp_bits = 40;
         assert!(layout.validate().is_ok());
+        layout.unit_ms = 0;
+        assert!(layout.validate().unwrap_err().contains("time_unit_ms"));
+    }
+
+    /// 41 + 4 + 8 bits in 10 ms steps: every ID is at most 2^53 − 1 for all the years the
+    /// layout lasts, fields come back rounded down to the step, and the step's bounds hold.
+    #[test]
+    fn a_javascript_safe_layout_with_a_10_ms_unit() {
+        let layout = Layout {
+            epoch_ms: TWITTER_EPOCH_MS,
+            timestamp_bits: 41,
+            worker_bits: 4,
+            sequence_bits: 8,
+            unit_ms: 10,
+        };
+        layout.validate().unwrap();
+        let last = layout.encode(layout.max_timestamp_ms(), 15, 255);
+        assert_eq!(last, (1i64 << 53) - 1);
+        assert_eq!(layout.lifetime_days(), 254_516);
+        // A step starts here: (t − epoch) is a multiple of 10.
+        let t = 1_764_000_000_127;
+        let id = layout.encode(t + 7, 3, 9);
+        let fields = layout.decode(id).unwrap();
+        assert_eq!(
+            (fields.timestamp_ms, fields.worker_id, fields.sequence),
+            (t, 3, 9)
+        );
+        assert_eq!(layout.tick_last_ms(layout.tick(t + 7)), t + 9);
+        assert_eq!(layout.first_id_at(t + 9), layout.first_id_at(t));
+        assert!(layout.first_id_at(t + 10).unwrap() > layout.encode(t + 9, 15, 255));
+        assert_eq!(Layout::from_descriptor(&layout.descriptor()), Some(layout));
+        assert_eq!(
+            layout.descriptor(),
+            "epoch_ms=1288834974657,bits=41/4/8,unit_ms=10"
+        );
+        assert_eq!(Layout::from_descriptor("bits=41/4"), None);
+        assert!(layout.max_id_until(t) >= layout.encode(t, 15, 255));
     }
 }

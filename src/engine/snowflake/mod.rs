@@ -11,6 +11,38 @@ pub use crate::coord::IssueLimit;
 pub use layout::{parse_instant, Decoded, Layout};
 
 use crate::clock::Clock;
+use crate::coord::LayoutRecord;
+
+/// The coordinators record the layout beside fences and leases; a change is safe only when
+/// the new layout's IDs start above everything the old one could have issued.
+impl LayoutRecord for Layout {
+    fn descriptor(&self) -> String {
+        Layout::descriptor(self)
+    }
+
+    fn epoch_ms(&self) -> u64 {
+        self.epoch_ms
+    }
+
+    fn may_follow(&self, previous: &str, fence_ms: u64, now_ms: u64) -> Result<(), String> {
+        if previous == self.descriptor() {
+            return Ok(());
+        }
+        let old = Layout::from_descriptor(previous)
+            .ok_or_else(|| format!("the recorded layout '{previous}' cannot be read"))?;
+        let old_max = old.max_id_until(fence_ms);
+        let first = self
+            .first_id_at(now_ms.max(self.epoch_ms + 1))
+            .map_err(|e| format!("the new layout {}: {e}", self.descriptor()))?;
+        if first > old_max {
+            return Ok(());
+        }
+        Err(format!(
+            "IDs of {previous} may reach {old_max} (by its time fence at {fence_ms} ms), and {} would start at {first}: its IDs could repeat or go back. Keep the old layout, or choose an epoch, split or unit whose first ID now is above {old_max}",
+            self.descriptor()
+        ))
+    }
+}
 
 /// Errors of the snowflake engine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,7 +72,11 @@ pub struct SnowflakeStats {
 
 #[derive(Debug, Default)]
 struct State {
-    last_ms: u64,
+    /// The step of the timestamp field (a millisecond, unless the layout's unit is longer) of
+    /// the last ID issued.
+    last_tick: u64,
+    /// Whether any ID was issued yet (tick 0 is a valid step).
+    issued: bool,
     sequence: u64,
     /// IDs issued (counted under the lock, so free).
     served: u64,
@@ -52,7 +88,7 @@ pub enum Attempt {
     Ids(Vec<i64>),
     /// The clock is `behind` ms behind the last timestamp: wait that long and retry.
     ClockBehind(u64),
-    /// This millisecond's sequence is used up: retry in the next millisecond.
+    /// This step's sequence is used up: retry in the next step (millisecond, or the unit).
     NextMillisecond,
     /// The clock is past the issue limit (the time fence or the lease): wait for it to move.
     Fenced,
@@ -129,9 +165,15 @@ impl SnowflakeEngine {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).served
     }
 
-    /// The last millisecond an ID was issued in (0 before the first).
+    /// The last millisecond of the step the last ID was issued in (0 before the first): no ID
+    /// carries a later time, so a fence lowered to it at shutdown still covers every ID.
     pub fn last_timestamp_ms(&self) -> u64 {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).last_ms
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.issued {
+            self.layout.tick_last_ms(st.last_tick)
+        } else {
+            0
+        }
     }
 
     /// One attempt at `n` strictly increasing IDs, without waiting. IDs of one call share the
@@ -158,7 +200,7 @@ impl SnowflakeEngine {
     fn reserve(&self, n: usize) -> Result<Reserved, SnowflakeError> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Read under the lock: a time read before it could be older than what another thread
-        // has since stored in `last_ms`, which would look like the clock going back.
+        // has since stored in `last_tick`, which would look like the clock going back.
         let now = self.clock.now_millis();
         if now > self.layout.max_timestamp_ms() {
             return Err(SnowflakeError::Exhausted);
@@ -166,13 +208,16 @@ impl SnowflakeEngine {
         if now <= self.layout.epoch_ms {
             return Err(SnowflakeError::BeforeEpoch);
         }
+        let tick = self.layout.tick(now);
         // The fence and the lease: a timestamp beyond either could repeat after a crash or
-        // belong to another node.
-        if !self.limit.allows(now) {
+        // belong to another node. A step longer than a millisecond is used only when all of it
+        // is covered, so a node that waits past the fence after a crash is in a later step.
+        if !self.limit.allows(self.layout.tick_last_ms(tick)) {
             return Ok(Reserved::Fenced);
         }
-        if now < st.last_ms {
-            let behind = st.last_ms - now;
+        if st.issued && tick < st.last_tick {
+            // How long until the clock is back in the step of the last ID.
+            let behind = self.layout.tick_start_ms(st.last_tick) - now;
             self.stats
                 .clock_backward_events
                 .fetch_add(1, Ordering::Relaxed);
@@ -183,7 +228,7 @@ impl SnowflakeEngine {
             };
         }
         let max_sequence = self.layout.max_sequence();
-        let mut first_sequence = if now == st.last_ms {
+        let mut first_sequence = if st.issued && tick == st.last_tick {
             if st.sequence >= max_sequence {
                 self.stats.sequence_waits.fetch_add(1, Ordering::Relaxed);
                 return Ok(Reserved::NextMillisecond);
@@ -197,7 +242,8 @@ impl SnowflakeEngine {
             first_sequence = max_sequence;
         }
         let count = (n as u64).min(max_sequence - first_sequence + 1);
-        st.last_ms = now;
+        st.last_tick = tick;
+        st.issued = true;
         st.sequence = first_sequence + count - 1;
         st.served += count;
         Ok(Reserved::Ids {
@@ -216,7 +262,7 @@ impl SnowflakeEngine {
         while ids.len() < n {
             match self.try_next(n - ids.len())? {
                 Attempt::Ids(batch) => ids.extend(batch),
-                Attempt::NextMillisecond => tokio::time::sleep(Duration::from_micros(100)).await,
+                Attempt::NextMillisecond => tokio::time::sleep(self.until_next_step()).await,
                 Attempt::Fenced => {
                     let since = *fenced_since.get_or_insert_with(Instant::now);
                     if self.limit.is_revoked() || since.elapsed() >= self.limit_wait {
@@ -235,6 +281,17 @@ impl SnowflakeEngine {
             }
         }
         Ok(ids)
+    }
+
+    /// How long a request whose step's sequence is used up sleeps before it tries again: a
+    /// tenth of a millisecond, or until the next step of a longer unit.
+    fn until_next_step(&self) -> Duration {
+        if self.layout.unit_ms == 1 {
+            return Duration::from_micros(100);
+        }
+        let now = self.clock.now_millis();
+        let into = now.saturating_sub(self.layout.epoch_ms) % self.layout.unit_ms;
+        Duration::from_millis(self.layout.unit_ms - into)
     }
 
     /// One ID if it can be issued at once; `Ok(None)` when [`SnowflakeEngine::next_id`] would
@@ -381,11 +438,12 @@ mod tests {
         assert!(engine.next_id().await.is_ok());
     }
 
-    #[test]
-    fn a_million_ids_from_eight_threads_are_unique() {
+    /// `per_thread` IDs from each of eight threads on the real clock: distinct, increasing per
+    /// thread; returned all together.
+    fn from_eight_threads(layout: Layout, worker_id: u64, per_thread: usize) -> HashSet<i64> {
         let engine = Arc::new(SnowflakeEngine::new(
-            Layout::default(),
-            3,
+            layout,
+            worker_id,
             5,
             Arc::new(crate::clock::SystemClock),
             Arc::new(IssueLimit::unbounded()),
@@ -395,8 +453,8 @@ mod tests {
             .map(|_| {
                 let engine = engine.clone();
                 std::thread::spawn(move || {
-                    let mut out = Vec::with_capacity(125_000);
-                    while out.len() < 125_000 {
+                    let mut out = Vec::with_capacity(per_thread);
+                    while out.len() < per_thread {
                         match engine.try_next(1).unwrap() {
                             Attempt::Ids(ids) => out.extend(ids),
                             _ => std::thread::yield_now(),
@@ -406,7 +464,7 @@ mod tests {
                 })
             })
             .collect();
-        let mut seen = HashSet::with_capacity(1_000_000);
+        let mut seen = HashSet::with_capacity(8 * per_thread);
         for handle in handles {
             let ids = handle.join().unwrap();
             assert!(ids.windows(2).all(|w| w[0] < w[1]), "per-thread increasing");
@@ -414,7 +472,13 @@ mod tests {
                 assert!(seen.insert(id), "duplicate {id}");
             }
         }
-        assert_eq!(seen.len(), 1_000_000);
+        assert_eq!(seen.len(), 8 * per_thread);
+        seen
+    }
+
+    #[test]
+    fn a_million_ids_from_eight_threads_are_unique() {
+        from_eight_threads(Layout::default(), 3, 125_000);
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -454,6 +518,49 @@ mod tests {
             started.elapsed() < Duration::from_millis(30),
             "revoked: no wait"
         );
+    }
+
+    /// 41 + 4 + 8 bits in 10 ms steps (JavaScript-safe): 20,000 IDs from eight threads (256 per
+    /// step: most wait for the next step) are distinct, at most 2^53 − 1 and increasing per thread; a step is used only when the limit
+    /// covers all of it, and its sequence runs on across the milliseconds inside it.
+    #[test]
+    fn a_53_bit_layout_with_a_10_ms_unit() {
+        let layout = Layout {
+            timestamp_bits: 41,
+            worker_bits: 4,
+            sequence_bits: 8,
+            unit_ms: 10,
+            // Steps start at T0 + 10·k.
+            epoch_ms: 1_700_000_000_000,
+        };
+        for id in from_eight_threads(layout, 15, 2_500) {
+            assert!(id < (1i64 << 53), "{id} is past 2^53 - 1");
+            assert_eq!(layout.decode(id).unwrap().worker_id, 15);
+        }
+
+        // The step T0 + 120 ..= T0 + 129: with the fence at T0 + 125 none of it is used.
+        let clock = Arc::new(ManualClock::new(T0 + 121));
+        let limit = Arc::new(IssueLimit::new());
+        limit.publish_fence(T0 + 125);
+        let engine =
+            SnowflakeEngine::new(layout, 1, 5, clock.clone(), limit.clone(), Duration::ZERO);
+        assert_eq!(engine.try_next(1), Ok(Attempt::Fenced));
+        limit.publish_fence(T0 + 129);
+        let first = ids(engine.try_next(1).unwrap())[0];
+        clock.set(T0 + 128);
+        let second = ids(engine.try_next(1).unwrap())[0];
+        assert_eq!(second, first + 1, "one step, one sequence");
+        assert_eq!(
+            engine.last_timestamp_ms(),
+            T0 + 129,
+            "the step's last millisecond"
+        );
+        // Back 3 ms but inside the step: no clock-back, the sequence goes on.
+        clock.set(T0 + 125);
+        assert_eq!(ids(engine.try_next(1).unwrap())[0], second + 1);
+        // Into the step before: behind by the time until the step of the last ID.
+        clock.set(T0 + 118);
+        assert_eq!(engine.try_next(1), Ok(Attempt::ClockBehind(2)));
     }
 
     #[test]
