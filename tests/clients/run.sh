@@ -104,6 +104,40 @@ java_clients() {
   echo "$out" | grep "java clients:" | tail -n 1
 }
 
+redis_py_features() {
+  # A second node with the ID features configured (see redis_py_features.py).
+  local features_port features_http features_pid rc
+  features_port=$(free_port)
+  features_http=$(free_port)
+  cat > "$work/features.toml" <<'TOML'
+[segment]
+auto_create = true
+auto_create_pattern = "auto-*"
+id_delta = 2
+id_remainder = 1
+opaque_key = "client tests key, 16+ characters"
+[[segment.opaque]]
+tag = "auto-opaque"
+digits = 9
+[snowflake]
+timestamp_bits = 41
+worker_id_bits = 4
+sequence_bits = 8
+time_unit_ms = 10
+TOML
+  mkdir -p "$work/features"
+  "$leafd_bin" --config "$work/features.toml" --bind "127.0.0.1:$features_port" \
+    --http-bind "127.0.0.1:$features_http" --storage-url "sqlite://$work/features/leafd.db" \
+    > "$work/features.log" 2>&1 &
+  features_pid=$!
+  for _ in $(seq 1 100); do redis-cli -p "$features_port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+  "$work/venv/bin/python" tests/clients/redis_py_features.py "$features_port" "$features_http"
+  rc=$?
+  kill "$features_pid"; wait "$features_pid" 2>/dev/null
+  [ "$rc" -eq 0 ] || tail -n 20 "$work/features.log"
+  return "$rc"
+}
+
 redis_benchmark() {
   local out
   redis-cli -p "$port" LEAF.TAG CREATE bench 1000 >/dev/null
@@ -120,6 +154,7 @@ check "redis-cli interactive" redis_cli_interactive
 check "redis-cli --pipe" redis_cli_pipe
 check "redis-cli -3" redis_cli_resp3
 check "redis-py" redis_py
+check "redis-py: layouts, auto-create, delta, opaque" redis_py_features
 check "ioredis + node-redis" node_clients
 check "go-redis + rueidis" go_clients
 check "Jedis + Lettuce + Redisson + Spring Data Redis" java_clients
