@@ -493,3 +493,53 @@ async fn a_53_bit_layout_and_layout_changes_that_could_go_back() {
     let err = App::open(static_config(true)).await.err().expect("refused");
     assert!(err.to_string().contains("snowflake-fence-w3.json"), "{err}");
 }
+
+/// Nodes of different layouts on one table: while a node holds a lease, a node with another
+/// layout is refused; and a node whose layout the table no longer records (another node won a
+/// race to change it) stops issuing at its next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stops_when_the_table_changes_layout_under_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/leafd.db", dir.path().display());
+    let states = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut config = node_config(&url, &states[0], 2000);
+    javascript_safe(&mut config);
+    let js = leafd::app::snowflake_layout(&config.snowflake).descriptor();
+    let app = App::open(config).await.unwrap();
+    let engine = app.snowflake().unwrap();
+    engine.next_ids(10).await.unwrap();
+
+    let err = App::open(node_config(&url, &states[1], 2000))
+        .await
+        .err()
+        .expect("refused while a node of the other layout holds a lease");
+    assert!(
+        err.to_string()
+            .contains("are leased by nodes issuing IDs of"),
+        "{err}"
+    );
+
+    // The record moves to the default layout as if another node had won a race.
+    let default = Layout::default().descriptor();
+    let mut storage = Config::default().storage;
+    storage.url = url.clone();
+    let store = leafd::storage::open(&storage, false).await.unwrap();
+    let leases = store.worker_leases().unwrap();
+    assert_eq!(
+        leases.record_layout(Some(&js), &default).await.unwrap(),
+        Some(default.clone())
+    );
+    // A renewal every lease / 5 = 400 ms finds it and stops the node.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let reason = loop {
+        match engine.next_ids(1).await {
+            Err(e) => break e.to_string(),
+            Ok(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Ok(_) => panic!("still issuing 3 s after the layout record changed"),
+        }
+    };
+    assert!(reason.contains("snowflake layout changed"), "{reason}");
+    app.close().await;
+}

@@ -93,13 +93,17 @@ impl DatabaseCoordinator {
                     "worker ids {live:?} are leased by nodes issuing IDs of {other}; stop all of them (or wait for their leases to end) before starting a node with {mine}"
                 )));
             }
+            // A node of the old layout that has just adopted it but not yet claimed its id may
+            // issue until its first renewal finds the record changed (then it stops): the old
+            // IDs are bounded a lease past now, not by the fences alone.
+            let now = self.clock.now_millis();
             let fence = rows
                 .iter()
                 .map(|r| r.fence_ms.max(0) as u64)
                 .max()
                 .unwrap_or(0);
             self.layout
-                .may_follow(&other, fence, self.clock.now_millis())
+                .may_follow(&other, fence.max(now + self.lease_ms), now)
                 .map_err(|why| {
                     CoordError::LayoutChange(format!("{why} (recorded in leaf_worker)"))
                 })?;
@@ -204,6 +208,7 @@ impl Coordinator for DatabaseCoordinator {
         tracing::info!(worker_id, owner = %owner, "snowflake worker id leased from the database");
         let stop = CancellationToken::new();
         let task = tokio::spawn(renew(
+            self.layout.descriptor(),
             self.store.clone(),
             owner.clone(),
             worker_id,
@@ -236,6 +241,7 @@ fn renew_problem(since_ms: u64) -> String {
 /// the id for good.
 #[allow(clippy::too_many_arguments)]
 async fn renew(
+    layout: String,
     store: Arc<dyn WorkerLeaseStore>,
     owner: String,
     worker_id: u64,
@@ -259,6 +265,23 @@ async fn renew(
             .await
         {
             Ok(true) => {
+                // Another layout took the table over (its nodes checked that their IDs start
+                // above this layout's up to a lease from then): this node stops for good.
+                match store.record_layout(Some(&layout), &layout).await {
+                    Ok(Some(recorded)) if recorded != layout => {
+                        limit.revoke(format!(
+                            "the cluster's snowflake layout changed to {recorded} (leaf_worker); this node issues {layout} and stopped"
+                        ));
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        limit.lease_failed();
+                        tracing::warn!(error = %e, worker_id, "cannot read the layout record; the lease is not extended");
+                        failing = true;
+                        continue;
+                    }
+                }
                 limit.set_lease(fence, Some(renew_problem(now)));
                 if std::mem::take(&mut failing) {
                     tracing::info!(worker_id, "worker-id lease renewals succeed again");

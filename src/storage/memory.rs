@@ -189,7 +189,7 @@ impl WorkerLeaseStore for MemoryStore {
         layout: &str,
     ) -> Result<Option<String>, StoreError> {
         let mut recorded = self.layout.lock().unwrap_or_else(|p| p.into_inner());
-        if recorded.as_deref() == expected {
+        if recorded.as_deref() == expected && expected != Some(layout) {
             *recorded = Some(layout.to_string());
         }
         Ok(recorded.clone())

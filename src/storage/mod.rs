@@ -260,6 +260,7 @@ pub trait WorkerLeaseStore: Send + Sync + 'static {
     async fn workers(&self) -> Result<Vec<WorkerRow>, StoreError>;
     /// The snowflake layout the table's worker ids were issued in (row −2's owner), moved to
     /// `layout` when it is still `expected` (`None`: no record yet); returns the record after.
+    /// `expected == layout` only reads it.
     async fn record_layout(
         &self,
         expected: Option<&str>,

@@ -185,6 +185,8 @@ macro_rules! worker_lease_store {
                 // Each statement commits by itself: the record moves only from what the caller
                 // saw, so of nodes racing with different layouts one wins and the others re-read.
                 match expected {
+                    // Only asked what the record is.
+                    Some(expected) if expected == layout => {}
                     None => {
                         let insert = format!(
                             "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-2, {}, 0, 0)",
