@@ -1,5 +1,5 @@
 //! Snowflake worker ids and the time fence: one [`Coordinator`] trait, one implementation per
-//! backend (static, ZooKeeper), and [`start`], which makes any of them safe across restarts.
+//! backend (static, ZooKeeper, database leases), and [`start`], which makes any of them safe across restarts.
 
 pub mod cache;
 pub mod database;

@@ -4,6 +4,7 @@
 mod buffer;
 mod load;
 pub mod opaque;
+mod settings;
 mod snapshot;
 pub mod step;
 mod tags;
@@ -11,7 +12,6 @@ mod tags;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
@@ -19,62 +19,11 @@ use tokio::sync::watch;
 pub use buffer::{store_reason, BufferState, Interleave, LoadFailure, Segment};
 pub use load::LoadObserver;
 pub use opaque::OpaqueCipher;
+pub use settings::{AutoCreate, SegmentSettings};
 pub use tags::{validate_tag_name, MAX_TAG_LEN, MAX_TAG_START};
 
 use crate::clock::Clock;
 use crate::storage::{SegmentMarks, SegmentStore, StoreError};
-
-/// Tuning of the engine (the app fills it from the `[segment]` config section).
-#[derive(Debug, Clone)]
-pub struct SegmentSettings {
-    pub adaptive_step: bool,
-    pub max_step: i64,
-    /// Longest a request waits for a load when both buffers are empty.
-    pub load_timeout: Duration,
-    /// Most tags the table may hold; creating one more is refused.
-    pub max_tags: usize,
-    /// IDs an allocation skips when the database instance that made the tag's previous
-    /// allocation is not the one answering (see `storage::failover`).
-    pub failover_margin: i64,
-    /// Unknown tags that may be created by their first use, and with what step.
-    pub auto_create: Option<AutoCreate>,
-    /// Which IDs each tag hands out (`segment.id_delta`/`id_remainder`), by tag; `None`: all.
-    pub interleave: Interleave,
-    pub tag_interleave: std::collections::HashMap<String, Interleave>,
-    /// Tags that hand out opaque IDs (`[[segment.opaque]]`), with their permutation.
-    pub opaque: HashMap<String, Arc<OpaqueCipher>>,
-}
-
-impl SegmentSettings {
-    /// The interleave of `tag`: its own, else the cluster's.
-    pub fn interleave_of(&self, tag: &str) -> Interleave {
-        self.tag_interleave
-            .get(tag)
-            .copied()
-            .unwrap_or(self.interleave)
-    }
-
-    /// The permutation of `tag`'s IDs, when it hands out opaque IDs.
-    pub fn opaque_of(&self, tag: &str) -> Option<Arc<OpaqueCipher>> {
-        self.opaque.get(tag).cloned()
-    }
-}
-
-/// `segment.auto_create`: which unknown tags a request creates, and their step.
-#[derive(Clone)]
-pub struct AutoCreate {
-    /// Whether a tag name may be created on first use (the configured pattern).
-    pub allows: Arc<dyn Fn(&str) -> bool + Send + Sync>,
-    pub step: i64,
-}
-
-impl std::fmt::Debug for AutoCreate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AutoCreate")
-            .field("step", &self.step)
-            .finish()
-    }
-}
 
 /// Errors a caller of the engine can get; the RESP and HTTP layers map them to replies.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,6 +1,8 @@
 //! The bit layout of a snowflake ID (sign 0 | timestamp | worker id | sequence), its time unit,
 //! and the conversions between an ID and its fields.
 
+use crate::coord::LayoutRecord;
+
 /// Twitter's snowflake epoch (2010-11-04T01:42:54.657Z), the default Leaf uses.
 pub const TWITTER_EPOCH_MS: u64 = 1_288_834_974_657;
 
@@ -169,6 +171,37 @@ impl Layout {
             worker_id: (id >> self.sequence_bits) & self.max_worker_id(),
             sequence: id & self.max_sequence(),
         })
+    }
+}
+
+/// The coordinators record the layout beside fences and leases; a change is safe only when
+/// the new layout's IDs start above everything the old one could have issued.
+impl LayoutRecord for Layout {
+    fn descriptor(&self) -> String {
+        Layout::descriptor(self)
+    }
+
+    fn epoch_ms(&self) -> u64 {
+        self.epoch_ms
+    }
+
+    fn may_follow(&self, previous: &str, fence_ms: u64, now_ms: u64) -> Result<(), String> {
+        if previous == self.descriptor() {
+            return Ok(());
+        }
+        let old = Layout::from_descriptor(previous)
+            .ok_or_else(|| format!("the recorded layout '{previous}' cannot be read"))?;
+        let old_max = old.max_id_until(fence_ms);
+        let first = self
+            .first_id_at(now_ms.max(self.epoch_ms + 1))
+            .map_err(|e| format!("the new layout {}: {e}", self.descriptor()))?;
+        if first > old_max {
+            return Ok(());
+        }
+        Err(format!(
+            "IDs of {previous} may reach {old_max} (by its time fence at {fence_ms} ms), and {} would start at {first}: its IDs could repeat or go back. Keep the old layout, or choose an epoch, split or unit whose first ID now is above {old_max}",
+            self.descriptor()
+        ))
     }
 }
 

@@ -11,38 +11,6 @@ pub use crate::coord::IssueLimit;
 pub use layout::{parse_instant, Decoded, Layout};
 
 use crate::clock::Clock;
-use crate::coord::LayoutRecord;
-
-/// The coordinators record the layout beside fences and leases; a change is safe only when
-/// the new layout's IDs start above everything the old one could have issued.
-impl LayoutRecord for Layout {
-    fn descriptor(&self) -> String {
-        Layout::descriptor(self)
-    }
-
-    fn epoch_ms(&self) -> u64 {
-        self.epoch_ms
-    }
-
-    fn may_follow(&self, previous: &str, fence_ms: u64, now_ms: u64) -> Result<(), String> {
-        if previous == self.descriptor() {
-            return Ok(());
-        }
-        let old = Layout::from_descriptor(previous)
-            .ok_or_else(|| format!("the recorded layout '{previous}' cannot be read"))?;
-        let old_max = old.max_id_until(fence_ms);
-        let first = self
-            .first_id_at(now_ms.max(self.epoch_ms + 1))
-            .map_err(|e| format!("the new layout {}: {e}", self.descriptor()))?;
-        if first > old_max {
-            return Ok(());
-        }
-        Err(format!(
-            "IDs of {previous} may reach {old_max} (by its time fence at {fence_ms} ms), and {} would start at {first}: its IDs could repeat or go back. Keep the old layout, or choose an epoch, split or unit whose first ID now is above {old_max}",
-            self.descriptor()
-        ))
-    }
-}
 
 /// Errors of the snowflake engine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
