@@ -76,6 +76,10 @@ pub fn validate_config(config: &Config) -> Result<(), ConfigError> {
             ));
         }
     }
+    for entry in &config.segment.opaque {
+        validate_tag_name(&entry.tag)
+            .or_else(|e| invalid(format!("segment.opaque '{}': {e}", entry.tag)))?;
+    }
     Ok(())
 }
 
@@ -440,7 +444,8 @@ async fn start_snowflake(
         clock,
         worker.limit.clone(),
         Duration::from_millis(sf.fence_wait_ms),
-    );
+    )
+    .with_floor(worker.floor_ms);
     Ok(StartedSnowflake {
         engine: Some(Arc::new(engine)),
         worker: Some(worker),

@@ -543,3 +543,63 @@ async fn a_node_stops_when_the_table_changes_layout_under_it() {
     assert!(reason.contains("snowflake layout changed"), "{reason}");
     app.close().await;
 }
+
+/// A layout change is judged at the clock of the start; a clock that steps back before the
+/// first ID must not take the new layout below that moment (where its IDs could meet the old
+/// layout's): the first SNOWFLAKE is refused as a step back until the clock is past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_step_back_after_an_accepted_layout_change_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/leafd.db", dir.path().display());
+    let states = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let app = App::open(node_config(&url, &states[0], 2000))
+        .await
+        .unwrap();
+    let old: Vec<i64> = app.snowflake().unwrap().next_ids(1000).await.unwrap();
+    app.close().await;
+
+    // 11 s earlier epoch, 41/16/6: its IDs now are above the old layout's for 11 s to come.
+    let mut config = node_config(&url, &states[1], 2000);
+    config.snowflake.epoch_ms -= 11_000;
+    config.snowflake.worker_id_bits = 16;
+    config.snowflake.sequence_bits = 6;
+    let now = SystemClock.now_millis();
+    let clock = Arc::new(leafd::clock::ManualClock::new(now));
+    let app = App::open_with_clock(config, clock.clone()).await.unwrap();
+    let engine = app.snowflake().unwrap();
+    clock.set(now - 30_000);
+    let refused = engine.next_ids(1).await;
+    assert!(
+        matches!(
+            refused,
+            Err(leafd::engine::snowflake::SnowflakeError::ClockBack(_))
+        ),
+        "{refused:?}"
+    );
+    clock.set(now + 1);
+    // One ID: the manual clock does not move on to a next millisecond.
+    let new = engine.next_ids(1).await.unwrap();
+    assert!(
+        new[0] > *old.last().unwrap(),
+        "{} vs {}",
+        new[0],
+        old.last().unwrap()
+    );
+    app.close().await;
+}
+
+/// A layout whose timestamp field ran out before now is refused at start with what to change,
+/// instead of starting and refusing every SNOWFLAKE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_that_has_already_ended_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/leafd.db", dir.path().display());
+    let state = tempfile::tempdir().unwrap();
+    let mut config = node_config(&url, &state, 2000);
+    config.snowflake.timestamp_bits = 28;
+    let err = App::open(config).await.err().expect("refused");
+    assert!(
+        err.to_string().contains("the snowflake layout ends at"),
+        "{err}"
+    );
+}

@@ -154,8 +154,11 @@ impl SnowflakeConfig {
         if !(100..=600_000).contains(&self.fence_window_ms) {
             return Err("snowflake.fence_window_ms must be between 100 and 600000".into());
         }
+        if !(1..=1000).contains(&self.time_unit_ms) {
+            return Err("snowflake.time_unit_ms must be between 1 and 1000".into());
+        }
         // An ID of a step is issued only while the fence and the lease cover the whole step.
-        let unit = self.time_unit_ms.max(1);
+        let unit = self.time_unit_ms;
         if self.fence_window_ms < 4 * unit
             || (self.coordinator == CoordinatorKind::Database && self.database_lease_ms < 4 * unit)
             || (self.coordinator == CoordinatorKind::Zookeeper
@@ -190,5 +193,29 @@ impl SnowflakeConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_time_unit_is_checked_before_what_depends_on_it() {
+        let mut config = SnowflakeConfig {
+            time_unit_ms: 1001,
+            ..SnowflakeConfig::default()
+        };
+        assert_eq!(
+            config.validate().unwrap_err(),
+            "snowflake.time_unit_ms must be between 1 and 1000"
+        );
+        config.time_unit_ms = 1000;
+        assert!(config
+            .validate()
+            .unwrap_err()
+            .contains("at least 4 × time_unit_ms"));
+        config.fence_window_ms = 4000;
+        assert!(config.validate().is_ok());
     }
 }

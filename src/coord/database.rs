@@ -203,6 +203,26 @@ impl Coordinator for DatabaseCoordinator {
                 "worker id {worker_id} was taken by another node while it was being claimed"
             )));
         }
+        // The layout again, now that the lease is in the table: a node of another layout that
+        // switched the record between this node's check and its claim (this one paused in
+        // between) saw no lease of it and bounded this layout's IDs by its own clock then.
+        // From here on such a node sees this lease and is refused.
+        let mine = self.layout.descriptor();
+        match self.store.record_layout(Some(&mine), &mine).await {
+            Ok(Some(recorded)) if recorded == mine => {}
+            other => {
+                // The row keeps the higher of the previous holder's fence and this node's.
+                let keep = floor_ms.max(fence) as i64;
+                let _ = self.store.release(worker_id as i64, &owner, keep).await;
+                return Err(match other {
+                    Err(e) => db(e),
+                    Ok(recorded) => CoordError::LayoutChange(format!(
+                        "the layout recorded in leaf_worker changed to {} while this node ({mine}) claimed worker id {worker_id}",
+                        recorded.as_deref().unwrap_or("nothing")
+                    )),
+                });
+            }
+        }
         limit.set_lease(fence, Some(renew_problem(self.clock.now_millis())));
         self.remember(worker_id);
         tracing::info!(worker_id, owner = %owner, "snowflake worker id leased from the database");
@@ -347,5 +367,99 @@ impl HeldWorker for DatabaseWorker {
         {
             tracing::warn!(error = %e, "could not release the worker-id lease; it expires by itself");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::storage::{MemoryStore, StoreError, WorkerRow};
+
+    /// A table where another node of layout `to` wins the race for the record just as this node
+    /// claims its id (this node paused between its layout check and its claim).
+    struct SwitchedOnClaim {
+        inner: Arc<MemoryStore>,
+        to: String,
+    }
+
+    #[async_trait]
+    impl WorkerLeaseStore for SwitchedOnClaim {
+        async fn claim(&self, id: i64, owner: &str, lease: i64) -> Result<Option<i64>, StoreError> {
+            let current = self.inner.record_layout(Some(&self.to), &self.to).await?;
+            self.inner
+                .record_layout(current.as_deref(), &self.to)
+                .await?;
+            self.inner.claim(id, owner, lease).await
+        }
+        async fn renew(
+            &self,
+            id: i64,
+            owner: &str,
+            lease: i64,
+            fence: i64,
+        ) -> Result<bool, StoreError> {
+            self.inner.renew(id, owner, lease, fence).await
+        }
+        async fn release(&self, id: i64, owner: &str, fence: i64) -> Result<(), StoreError> {
+            self.inner.release(id, owner, fence).await
+        }
+        async fn workers(&self) -> Result<Vec<WorkerRow>, StoreError> {
+            self.inner.workers().await
+        }
+        async fn record_layout(
+            &self,
+            expected: Option<&str>,
+            layout: &str,
+        ) -> Result<Option<String>, StoreError> {
+            self.inner.record_layout(expected, layout).await
+        }
+    }
+
+    struct Fixed(&'static str);
+
+    impl LayoutRecord for Fixed {
+        fn descriptor(&self) -> String {
+            self.0.to_string()
+        }
+        fn epoch_ms(&self) -> u64 {
+            0
+        }
+        fn last_ms(&self) -> u64 {
+            u64::MAX
+        }
+        fn may_follow(&self, _: &str, _: u64, _: u64) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_record_changed_between_the_check_and_the_claim_refuses_the_claim() {
+        let inner = Arc::new(MemoryStore::new());
+        let store = Arc::new(SwitchedOnClaim {
+            inner: inner.clone(),
+            to: "the other layout".into(),
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let coordinator = DatabaseCoordinator {
+            store,
+            endpoint: "127.0.0.1:6380".into(),
+            max_worker_id: 3,
+            lease_ms: 2000,
+            clock: Arc::new(SystemClock),
+            state_file: dir.path().join("worker.json"),
+            layout: Arc::new(Fixed("this layout")),
+        };
+        let err = match coordinator.acquire(Arc::new(IssueLimit::new())).await {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("claimed under another layout's record"),
+        };
+        assert!(
+            err.contains("changed to the other layout while this node"),
+            "{err}"
+        );
+        // The lease it took is given back at once.
+        let rows = inner.workers().await.unwrap();
+        assert!(rows.iter().all(|r| r.lease_until < r.db_now), "{rows:?}");
     }
 }

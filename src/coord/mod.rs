@@ -27,6 +27,8 @@ pub trait LayoutRecord: Send + Sync {
     fn descriptor(&self) -> String;
     /// The layout's epoch (UNIX ms): the clock must be past it.
     fn epoch_ms(&self) -> u64;
+    /// The last millisecond the layout can encode: the clock must not be past it.
+    fn last_ms(&self) -> u64;
     /// `Ok` when every ID this layout issues from `now_ms` on is above every ID the layout
     /// `previous` (a descriptor) could have issued, by any worker, up to `fence_ms`; else why.
     fn may_follow(&self, previous: &str, fence_ms: u64, now_ms: u64) -> Result<(), String>;
@@ -59,6 +61,8 @@ pub enum CoordError {
     Identity(String),
     #[error("worker-id lease table: {0}")]
     Database(String),
+    #[error("the snowflake layout ends at {last_ms} ms (UNIX time), before now: choose a later epoch_ms, more timestamp_bits or a longer time_unit_ms")]
+    LayoutEnded { last_ms: u64 },
     #[error("snowflake layout change refused: {0}")]
     LayoutChange(String),
 }
@@ -106,6 +110,9 @@ pub struct Worker {
     pub worker_id: u64,
     pub kind: &'static str,
     pub limit: Arc<IssueLimit>,
+    /// The clock when every start check had passed (past every fence, the layout accepted):
+    /// no ID may carry an earlier time, even if the clock steps back before the first one.
+    pub floor_ms: u64,
     held: Box<dyn HeldWorker>,
     pub fence_file: FenceFile,
     stop: CancellationToken,
@@ -153,6 +160,11 @@ pub async fn start(
             ahead_ms: epoch_ms - now,
         });
     }
+    if now > layout.last_ms() {
+        return Err(CoordError::LayoutEnded {
+            last_ms: layout.last_ms(),
+        });
+    }
     let limit = Arc::new(IssueLimit::new());
     let held = coordinator.acquire(limit.clone()).await?;
     let shared_fence = match fence_file.load() {
@@ -181,18 +193,20 @@ pub async fn start(
             )));
         }
     }
-    let keeper = FenceKeeper::new(fence_file.clone(), settings, clock, limit.clone());
+    let keeper = FenceKeeper::new(fence_file.clone(), settings, clock.clone(), limit.clone());
     let floor = held.floor_ms().max(shared_fence);
     if let Err(e) = keeper.open(floor, held.floor_wait_ms()).await {
         held.close(None).await;
         return Err(e);
     }
+    let floor_ms = clock.now_millis();
     let stop = CancellationToken::new();
     let fence_task = keeper.spawn(stop.clone());
     Ok(Worker {
         worker_id: held.worker_id(),
         kind: coordinator.kind(),
         limit,
+        floor_ms,
         held,
         fence_file,
         stop,

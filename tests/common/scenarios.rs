@@ -430,7 +430,10 @@ pub async fn opaque_ids(url: &str) {
     // Plain IDs that reached the opaque range: the tag cannot turn opaque.
     let late_reply: redis::RedisResult<i64> = admin.incr(format!("segment:{late}"), 1).await;
     let message = late_reply.unwrap_err().to_string();
-    assert!(message.contains("has served plain IDs"), "{message}");
+    assert!(
+        message.contains("at or past its first opaque ID"),
+        "{message}"
+    );
 
     // Another key, and a node serving the tag's plain IDs: both refused by the table's record.
     for (other, expected) in [

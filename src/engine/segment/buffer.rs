@@ -234,7 +234,12 @@ impl BufferState {
 
     /// Records a failed load and schedules the earliest retry with exponential back-off.
     pub fn record_failure(&mut self, failure: LoadFailure, now_ms: u64) {
-        self.backoff_ms = (self.backoff_ms * 2).clamp(MIN_BACKOFF_MS, MAX_BACKOFF_MS);
+        self.backoff_ms = if matches!(failure, LoadFailure::Exhausted) {
+            // The end of the tag's IDs does not pass: ask again only rarely.
+            MAX_BACKOFF_MS
+        } else {
+            (self.backoff_ms * 2).clamp(MIN_BACKOFF_MS, MAX_BACKOFF_MS)
+        };
         self.retry_at_ms = now_ms + self.backoff_ms;
         self.loads_failed += 1;
         self.failure = Some(failure);

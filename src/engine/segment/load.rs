@@ -251,7 +251,7 @@ fn opaque_claim_result(
         )),
         None => Err(LoadFailure::Unavailable(
             format!(
-                "opaque IDs refused: the tag has served plain IDs up to {max_id}, into the range of its opaque IDs (from {}); use a new tag, or more digits",
+                "opaque IDs refused: the tag's max_id is {max_id}, at or past its first opaque ID ({}), so plain IDs there may have been handed out; use a new tag, or more digits",
                 cipher.first_id()
             )
             .into(),
@@ -264,6 +264,8 @@ fn opaque_claim_result(
 fn opaque_range_check(buffer: &TagBuffer, alloc: &LeafAlloc, step: i64) -> Result<(), LoadFailure> {
     let from = alloc.max_id - step + 1;
     match (&buffer.opaque, alloc.opaque.as_deref()) {
+        // Past the last position with an opaque ID: no further range is worth loading.
+        (Some(cipher), _) if from >= cipher.capacity() => Err(LoadFailure::Exhausted),
         (Some(cipher), stored) => opaque_claim_result(cipher, stored, alloc.max_id),
         (None, Some(marker)) => {
             let digits = super::opaque::marker_digits(marker).unwrap_or(super::opaque::MAX_DIGITS);

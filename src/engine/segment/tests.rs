@@ -192,3 +192,48 @@ async fn ids_increase_across_a_block_larger_than_the_step() {
     }
     assert_eq!(engine.next_ids("t", 1).await.unwrap(), last + 1);
 }
+
+/// An opaque tag past the last position with an opaque ID answers "exhausted" without
+/// reserving more ranges in the database, however often it is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_opaque_tag_stops_allocating() {
+    let store = Arc::new(MemoryStore::new());
+    let cipher = OpaqueCipher::new(b"a key of sixteen+ bytes", "small", 4);
+    let settings = SegmentSettings {
+        adaptive_step: false,
+        max_step: 1000,
+        load_timeout: Duration::from_secs(1),
+        max_tags: 10,
+        failover_margin: 0,
+        auto_create: None,
+        interleave: Default::default(),
+        tag_interleave: Default::default(),
+        opaque: [("small".to_string(), Arc::new(cipher))]
+            .into_iter()
+            .collect(),
+    };
+    let engine = SegmentEngine::new(
+        store.clone(),
+        crate::storage::SegmentMarks::in_memory(),
+        settings,
+        Arc::new(crate::clock::SystemClock),
+        Arc::new(()),
+    );
+    engine.create_tag("small", 1000, 1, None).await.unwrap();
+    let mut served = std::collections::HashSet::new();
+    let first_error = loop {
+        match engine.next_ids("small", 1).await {
+            Ok(id) => assert!((1000..=9999).contains(&id) && served.insert(id), "{id}"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(served.len(), 8999);
+    assert_eq!(first_error, SegmentError::Exhausted("small".into()));
+    for _ in 0..200 {
+        assert!(engine.next_ids("small", 1).await.is_err());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let max_id = store.list().await.unwrap()[0].max_id;
+    // The range past the end is refused; the next try waits the longest back-off (5 s).
+    assert!(max_id <= 11_000, "kept allocating: max_id {max_id}");
+}

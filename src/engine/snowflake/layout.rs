@@ -185,6 +185,10 @@ impl LayoutRecord for Layout {
         self.epoch_ms
     }
 
+    fn last_ms(&self) -> u64 {
+        self.max_timestamp_ms()
+    }
+
     fn may_follow(&self, previous: &str, fence_ms: u64, now_ms: u64) -> Result<(), String> {
         if previous == self.descriptor() {
             return Ok(());

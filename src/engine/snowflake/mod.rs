@@ -81,6 +81,8 @@ pub struct SnowflakeEngine {
     max_backward_ms: u64,
     clock: Arc<dyn Clock>,
     limit: Arc<IssueLimit>,
+    /// No ID carries a step before this one (see [`SnowflakeEngine::with_floor`]).
+    floor_tick: u64,
     /// How long a request waits for the limit to move before it is refused.
     limit_wait: Duration,
     state: Mutex<State>,
@@ -105,10 +107,23 @@ impl SnowflakeEngine {
             max_backward_ms,
             clock,
             limit,
+            floor_tick: 0,
             limit_wait,
             state: Mutex::new(State::default()),
             stats: SnowflakeStats::default(),
         }
+    }
+
+    /// No ID will carry a time before `floor_ms`: the clock when the start checks passed (past
+    /// every fence, a layout change accepted). A clock that steps back before the first ID is
+    /// then a step back like any other, not a licence to reuse the time those checks cleared.
+    pub fn with_floor(mut self, floor_ms: u64) -> SnowflakeEngine {
+        if floor_ms > self.layout.epoch_ms {
+            self.floor_tick = self
+                .layout
+                .tick(floor_ms.min(self.layout.max_timestamp_ms()));
+        }
+        self
     }
 
     pub fn layout(&self) -> &Layout {
@@ -183,9 +198,15 @@ impl SnowflakeEngine {
         if !self.limit.allows(self.layout.tick_last_ms(tick)) {
             return Ok(Reserved::Fenced);
         }
-        if st.issued && tick < st.last_tick {
-            // How long until the clock is back in the step of the last ID.
-            let behind = self.layout.tick_start_ms(st.last_tick) - now;
+        // The lowest step allowed: the last ID's, or before the first ID the start's floor.
+        let lowest = if st.issued {
+            st.last_tick
+        } else {
+            self.floor_tick
+        };
+        if tick < lowest {
+            // How long until the clock is back in that step.
+            let behind = self.layout.tick_start_ms(lowest) - now;
             self.stats
                 .clock_backward_events
                 .fetch_add(1, Ordering::Relaxed);
@@ -529,6 +550,20 @@ mod tests {
         // Into the step before: behind by the time until the step of the last ID.
         clock.set(T0 + 118);
         assert_eq!(engine.try_next(1), Ok(Attempt::ClockBehind(2)));
+    }
+
+    /// Before its first ID the engine still refuses times before its floor (the start's clock):
+    /// a step back between the start checks and the first request is a step back.
+    #[test]
+    fn no_id_before_the_floor_even_before_the_first_one() {
+        let clock = Arc::new(ManualClock::new(T0 - 3));
+        let engine = engine(clock.clone()).with_floor(T0);
+        assert_eq!(engine.try_next(1), Ok(Attempt::ClockBehind(3)));
+        clock.set(T0 - 60_000);
+        assert_eq!(engine.try_next(1), Err(SnowflakeError::ClockBack(60_000)));
+        clock.set(T0);
+        let id = ids(engine.try_next(1).unwrap())[0];
+        assert_eq!(Layout::default().decode(id).unwrap().timestamp_ms, T0);
     }
 
     #[test]
