@@ -395,6 +395,7 @@ async fn start_snowflake(
                 max_worker_id: layout.max_worker_id(),
                 clock: clock.clone(),
                 shared: Arc::default(),
+                layout: Arc::new(layout),
             };
             Box::new(zk)
         }

@@ -71,7 +71,7 @@ impl Cluster {
         max_worker_id: u64,
         clock: Arc<dyn Clock>,
     ) -> Result<ZkWorker, CoordError> {
-        zookeeper::acquire(cfg, endpoint, max_worker_id, clock).await
+        zookeeper::acquire(cfg, endpoint, max_worker_id, &Layout::default(), clock).await
     }
 
     async fn client(&self) -> zookeeper_client::Client {
@@ -419,4 +419,83 @@ async fn a_node_whose_liveness_node_is_taken_stops_at_once() {
         "held by another session: revoked for good"
     );
     worker.close().await;
+}
+
+/// The cluster's layout lives in `{root}/{cluster}/layout`: another layout is refused while a
+/// node is alive; a node whose layout the record no longer names stops at its next report; and
+/// once no node is alive, a layout whose IDs could go back is still refused by the value check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layout_is_recorded_in_zookeeper_and_a_change_is_checked() {
+    let Some(cluster) = Cluster::new("layout_record") else {
+        return;
+    };
+    let javascript_safe = Layout {
+        timestamp_bits: 41,
+        worker_bits: 4,
+        sequence_bits: 8,
+        unit_ms: 10,
+        ..Layout::default()
+    };
+    let default = Layout::default();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let endpoint = "10.0.9.2:6380";
+    let worker = zookeeper::acquire(&cluster.node("a"), endpoint, 15, &default, clock.clone())
+        .await
+        .unwrap();
+    let layout_path = format!("{}/{}/layout", cluster.cfg.root, cluster.cfg.cluster);
+    let client = cluster.client().await;
+    let (recorded, _) = client.get_data(&layout_path).await.unwrap();
+    assert_eq!(recorded, default.descriptor().into_bytes());
+
+    let err = zookeeper::acquire(
+        &cluster.node("b"),
+        "10.0.9.3:6380",
+        15,
+        &javascript_safe,
+        clock.clone(),
+    )
+    .await
+    .err()
+    .expect("refused while a node is alive");
+    assert!(err.to_string().contains("are alive in ZooKeeper"), "{err}");
+
+    // The record names another layout, as if a node of it had won a race: the running node
+    // stops at its next report (every 200 ms).
+    client
+        .set_data(&layout_path, javascript_safe.descriptor().as_bytes(), None)
+        .await
+        .unwrap();
+    let mut refused = None;
+    for _ in 0..100 {
+        if let Err(reason) = worker.limit.check(SystemClock.now_millis()) {
+            refused = Some(reason);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let refused = refused.expect("stops within a second");
+    assert!(refused.contains("snowflake layout changed"), "{refused}");
+    worker.close().await;
+
+    // Back to the default layout with no node alive: allowed (its IDs start above 2^53).
+    let back = zookeeper::acquire(&cluster.node("a"), endpoint, 15, &default, clock.clone())
+        .await
+        .unwrap();
+    back.close().await;
+    // And the 53-bit layout after it: its IDs would go back.
+    let err = zookeeper::acquire(
+        &cluster.node("c"),
+        "10.0.9.4:6380",
+        15,
+        &javascript_safe,
+        clock,
+    )
+    .await
+    .err()
+    .expect("refused: IDs would go back");
+    assert!(
+        err.to_string().contains("snowflake layout change refused"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("may reach"), "{err}");
 }

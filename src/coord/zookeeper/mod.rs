@@ -2,6 +2,7 @@
 //! `forever/{ip}:{port}-{id}` (persistent: last report and fence) and `alive/{id}` (ephemeral:
 //! the lock that makes a worker id one session's at a time).
 
+mod layout;
 mod registry;
 mod supervisor;
 
@@ -12,7 +13,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use self::registry::Registry;
-use super::{CoordError, Coordinator, HeldWorker};
+use super::{CoordError, Coordinator, HeldWorker, LayoutRecord};
 use crate::clock::Clock;
 use crate::config::ZookeeperConfig;
 use crate::coord::IssueLimit;
@@ -87,6 +88,8 @@ pub struct ZkCoordinator {
     pub clock: Arc<dyn Clock>,
     /// Filled by `acquire`, for INFO and metrics.
     pub shared: Arc<ZkShared>,
+    /// The snowflake layout this node issues in; ZooKeeper records the cluster's.
+    pub layout: Arc<dyn LayoutRecord>,
 }
 
 #[async_trait]
@@ -104,6 +107,7 @@ impl Coordinator for ZkCoordinator {
             &self.cfg,
             &self.endpoint,
             self.max_worker_id,
+            self.layout.as_ref(),
             self.clock.clone(),
             limit,
             self.shared.clone(),
@@ -119,16 +123,27 @@ pub async fn acquire(
     cfg: &ZookeeperConfig,
     endpoint: &str,
     max_worker_id: u64,
+    layout: &dyn LayoutRecord,
     clock: Arc<dyn Clock>,
 ) -> Result<ZkWorker, CoordError> {
     let limit = Arc::new(IssueLimit::unbounded());
-    acquire_into(cfg, endpoint, max_worker_id, clock, limit, Arc::default()).await
+    acquire_into(
+        cfg,
+        endpoint,
+        max_worker_id,
+        layout,
+        clock,
+        limit,
+        Arc::default(),
+    )
+    .await
 }
 
 async fn acquire_into(
     cfg: &ZookeeperConfig,
     endpoint: &str,
     max_worker_id: u64,
+    layout: &dyn LayoutRecord,
     clock: Arc<dyn Clock>,
     limit: Arc<IssueLimit>,
     shared: Arc<ZkShared>,
@@ -141,12 +156,25 @@ async fn acquire_into(
         clock: clock.clone(),
         forever: format!("{base}/forever"),
         alive: format!("{base}/alive"),
+        layout: layout.descriptor(),
     });
     let cached = registry.read_cache()?;
     let previous_session = cached.as_ref().and_then(|c| c.session_id);
     let (client, registered) = match registry.connect().await {
         Ok(client) => {
+            layout::adopt(&registry, &client, layout).await?;
             let registered = registry.register(&client, previous_session).await?;
+            // Again once this node is alive: a node of another layout that took the record
+            // over in between (this one paused) saw no live node; from now on it would.
+            let now_recorded = layout::recorded(&registry, &client).await?;
+            if now_recorded.as_deref() != Some(registry.layout.as_str()) {
+                return Err(CoordError::LayoutChange(format!(
+                    "the layout recorded in {} changed to {} while this node ({}) registered",
+                    registry.layout_path(),
+                    now_recorded.as_deref().unwrap_or("nothing"),
+                    registry.layout
+                )));
+            }
             registry.check_skew(&client, &registered).await?;
             shared.connected.store(true, Ordering::Relaxed);
             tracing::info!(worker_id = registered.id, node = %registry.forever_path(&registered.child), "snowflake worker id from ZooKeeper");

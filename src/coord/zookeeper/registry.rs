@@ -55,6 +55,8 @@ pub(super) struct Registry {
     pub clock: Arc<dyn Clock>,
     pub forever: String,
     pub alive: String,
+    /// The descriptor of this node's snowflake layout (see `zookeeper::layout`).
+    pub layout: String,
 }
 
 pub(super) fn persistent() -> zookeeper_client::CreateOptions<'static> {
@@ -70,6 +72,14 @@ pub(super) fn parse_child(child: &str) -> Option<(&str, u64)> {
 impl Registry {
     pub fn forever_path(&self, child: &str) -> String {
         format!("{}/{child}", self.forever)
+    }
+
+    /// `{root}/{cluster}/layout`, beside `forever` and `alive`.
+    pub fn layout_path(&self) -> String {
+        match self.forever.rsplit_once('/') {
+            Some((base, _)) => format!("{base}/layout"),
+            None => "/layout".into(),
+        }
     }
 
     pub fn alive_path(&self, id: u64) -> String {

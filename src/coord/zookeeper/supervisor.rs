@@ -102,6 +102,26 @@ pub(super) async fn supervise(
         {
             Ok(_) => {
                 last_written = now;
+                // Another layout took the cluster over (its node bounded this layout's IDs a
+                // lease past then): this node stops for good.
+                match super::layout::recorded(&registry, active).await {
+                    Ok(Some(recorded)) if recorded != registry.layout => {
+                        limit.revoke(format!(
+                            "the cluster's snowflake layout changed to {recorded} (ZooKeeper); this node issues {} and stopped",
+                            registry.layout
+                        ));
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        limit.lease_failed();
+                        if let Some(ended) = lost_contact(&shared, active, &e) {
+                            old_session = Some(ended);
+                            client = None;
+                        }
+                        continue;
+                    }
+                }
                 // The fence is in ZooKeeper: whoever takes the id next starts past it.
                 limit.set_lease(fence, Some(lease_problem(now)));
                 shared.last_report_ms.store(now, Ordering::Relaxed);
