@@ -85,6 +85,18 @@ impl Cluster {
     }
 }
 
+/// Why the worker stopped issuing, once it does within `wait` (checked every 10 ms).
+async fn refused_within(worker: &ZkWorker, wait: Duration) -> Option<String> {
+    let deadline = std::time::Instant::now() + wait;
+    while std::time::Instant::now() < deadline {
+        if let Err(reason) = worker.limit.check(SystemClock.now_millis()) {
+            return Some(reason);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
 fn timestamp_of(data: &[u8]) -> u64 {
     let value: serde_json::Value = serde_json::from_slice(data).unwrap();
     value["timestamp"].as_u64().unwrap()
@@ -403,15 +415,9 @@ async fn a_node_whose_liveness_node_is_taken_stops_at_once() {
     replace.add_delete(&path, None).unwrap();
     replace.add_create(&path, b"intruder", &ephemeral).unwrap();
     replace.commit().await.unwrap();
-    let mut refused = None;
-    for _ in 0..50 {
-        if let Err(reason) = worker.limit.check(SystemClock.now_millis()) {
-            refused = Some(reason);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let refused = refused.expect("stops issuing within 500 ms, well before its lease ends");
+    let refused = refused_within(&worker, Duration::from_millis(500))
+        .await
+        .expect("stops issuing within 500 ms, well before its lease ends");
     assert!(refused.contains("liveness node"), "{refused}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
@@ -465,15 +471,9 @@ async fn the_layout_is_recorded_in_zookeeper_and_a_change_is_checked() {
         .set_data(&layout_path, javascript_safe.descriptor().as_bytes(), None)
         .await
         .unwrap();
-    let mut refused = None;
-    for _ in 0..100 {
-        if let Err(reason) = worker.limit.check(SystemClock.now_millis()) {
-            refused = Some(reason);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let refused = refused.expect("stops within a second");
+    let refused = refused_within(&worker, Duration::from_secs(1))
+        .await
+        .expect("stops within a second");
     assert!(refused.contains("snowflake layout changed"), "{refused}");
     worker.close().await;
 
