@@ -1,5 +1,6 @@
 //! The dependency rule of ../shared/STRUCTURE.md, checked on the source: each top-level module
-//! of `src/` may name (`crate::<module>`) only the modules listed for it here, so arrows point down.
+//! of `src/` may name (`crate::<module>`, or `super::` up to the crate root) in its production
+//! code only the modules listed for it here, so arrows point down. Tests may build anything.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -42,11 +43,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("run", &["access", "app", "config", "http", "server", "tls"]),
+    // Connections: they run commands in the context; only their tests build an app.
     (
         "server",
         &[
-            "access", "app", "clock", "cmd", "config", "context", "engine", "metrics", "protocol",
-            "storage", "tls",
+            "access", "clock", "cmd", "config", "context", "metrics", "protocol", "tls",
         ],
     ),
 ];
@@ -66,7 +67,8 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// `top-level module -> modules it names`, from every `crate::<name>` outside comments.
+/// `top-level module -> modules it names`, from every `crate::` path (and `super::` path that
+/// climbs to the crate root) in the code outside comments and outside `#[cfg(test)]` items.
 fn imports() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
@@ -74,28 +76,255 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
     let mut map: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
         let relative = file.strip_prefix(&src).unwrap();
-        let first = relative.components().next().unwrap().as_os_str();
-        let module = first.to_string_lossy().trim_end_matches(".rs").to_string();
-        if module == "lib" || module == "main" {
-            continue;
-        }
         let text = std::fs::read_to_string(&file).unwrap();
-        let named = map.entry(module.clone()).or_default();
-        for line in text.lines() {
-            let code = line.split("//").next().unwrap_or("");
-            for (at, _) in code.match_indices("crate::") {
-                let rest = &code[at + "crate::".len()..];
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != module {
-                    named.insert(name);
-                }
-            }
+        let (module, named) = named_modules(relative, &text);
+        if module != "lib" && module != "main" {
+            map.entry(module).or_default().extend(named);
         }
     }
     map
+}
+
+/// The top-level module of the file at `relative` (to `src/`) and the other top-level modules
+/// its production code names.
+fn named_modules(relative: &Path, text: &str) -> (String, BTreeSet<String>) {
+    let mut path: Vec<String> = relative
+        .iter()
+        .map(|c| c.to_string_lossy().trim_end_matches(".rs").to_string())
+        .collect();
+    if path.last().is_some_and(|last| last == "mod") {
+        path.pop();
+    }
+    let module = path[0].clone();
+    let code = production_code(text);
+    let mut named = BTreeSet::new();
+    let mut add = |name: &str| {
+        if !name.is_empty() && name != module && name != "self" {
+            named.insert(name.to_string());
+        }
+    };
+    let bytes = code.as_bytes();
+    let mut at = 0;
+    while at < code.len() {
+        let rest = &code[at..];
+        let boundary = at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
+        if boundary && rest.starts_with("crate::") {
+            at += "crate::".len();
+            for name in path_heads(&code[at..]) {
+                add(&name);
+            }
+            continue;
+        }
+        if boundary && rest.starts_with("super::") {
+            let mut climbs = 0;
+            while code[at..].starts_with("super::") {
+                climbs += 1;
+                at += "super::".len();
+            }
+            // `super` from a module `depth` deep reaches the crate root after `depth` climbs.
+            if climbs >= path.len() {
+                for name in path_heads(&code[at..]) {
+                    add(&name);
+                }
+            }
+            continue;
+        }
+        at += rest.chars().next().map_or(1, char::len_utf8);
+    }
+    (module, named)
+}
+
+/// The first segment of the path starting at `rest`: one name, or each of a `{a::x, b}` group's.
+fn path_heads(rest: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let Some(group) = rest.strip_prefix('{') else {
+        return vec![ident(rest)];
+    };
+    let mut heads = Vec::new();
+    let mut depth = 0;
+    let mut item_start = 0;
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                heads.push(ident(&group[item_start..i]));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                heads.push(ident(&group[item_start..i]));
+                item_start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    heads
+}
+
+/// `text` without comments, string and character literals' contents, and `#[cfg(test)]` items:
+/// what the module's production code is made of.
+fn production_code(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut code = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            i += 2;
+            while i + 1 < chars.len() && !(chars[i] == '*' && chars[i + 1] == '/') {
+                i += 1;
+            }
+            i += 2;
+        } else if c == 'r'
+            && matches!(next, Some('"' | '#'))
+            && (i == 0
+                || !(chars[i - 1].is_ascii_alphanumeric() || chars[i - 1] == '_')
+                || (chars[i - 1] == 'b' && (i < 2 || !chars[i - 2].is_ascii_alphanumeric())))
+        {
+            // A raw string r"…" or r#"…"#: it ends at a quote followed by as many hashes.
+            let hashes = chars[i + 1..].iter().take_while(|&&h| h == '#').count();
+            i += 1 + hashes + 1;
+            let closing: Vec<char> = std::iter::once('"')
+                .chain("#".repeat(hashes).chars())
+                .collect();
+            while i < chars.len() && !chars[i..].starts_with(&closing) {
+                i += 1;
+            }
+            i += closing.len();
+            code.push_str("\"\"");
+        } else if c == '"' {
+            // A string: its text is not code (a URL's `//` is no comment).
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+            code.push_str("\"\"");
+        } else if c == '\'' && chars.get(i + 2) == Some(&'\'') {
+            i += 3;
+        } else if c == '\'' && next == Some('\\') {
+            // An escaped character literal such as '\'' or '\n'.
+            i += 2;
+            while i < chars.len() && chars[i] != '\'' {
+                i += 1;
+            }
+            i += 1;
+        } else {
+            code.push(c);
+            i += 1;
+        }
+    }
+    // Drop each `#[cfg(test)]` item: up to its `;`, or through its braces.
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        rest = &rest[at + "#[cfg(test)]".len()..];
+        let mut depth = 0;
+        let mut end = rest.len();
+        for (i, c) in rest.char_indices() {
+            match c {
+                ';' if depth == 0 => {
+                    end = i + 1;
+                    break;
+                }
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The scanner itself: each way of naming a module is seen, comments, strings and tests are not.
+#[test]
+fn the_scanner_sees_every_way_of_naming_a_module() {
+    let scan = |file: &str, text: &str| -> Vec<String> {
+        named_modules(Path::new(file), text).1.into_iter().collect()
+    };
+    assert_eq!(scan("cmd/admin.rs", "use crate::app::App;"), ["app"]);
+    assert_eq!(
+        scan(
+            "cmd/admin.rs",
+            "use crate::{\n    app::App,\n    engine::{a, b},\n    cmd::x,\n};"
+        ),
+        ["app", "engine"]
+    );
+    assert_eq!(scan("cmd/admin.rs", "use super::super::app::App;"), ["app"]);
+    assert_eq!(scan("cmd/mod.rs", "use super::app::App;"), ["app"]);
+    assert_eq!(
+        scan("cmd/admin.rs", "use super::key::Key;"),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        scan(
+            "coord/zookeeper/registry.rs",
+            "use super::super::super::{app, storage::X};"
+        ),
+        ["app", "storage"]
+    );
+    assert_eq!(
+        scan(
+            "cmd/mod.rs",
+            "let a = crate::app::App::new(); let b = $crate::metrics::x();"
+        ),
+        ["app", "metrics"]
+    );
+    assert_eq!(
+        scan(
+            "cmd/mod.rs",
+            "let u = \"http://x\"; let a = crate::app::x();"
+        ),
+        ["app"]
+    );
+    assert_eq!(
+        scan(
+            "cmd/mod.rs",
+            "// crate::app\n/// [`crate::app`]\n/* crate::run */ let s = \"crate::server\";"
+        ),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        scan("cmd/mod.rs", "let c = '{';\nfn f() {}\n#[cfg(test)]\nmod tests {\n    use crate::app::App;\n    fn g() { let x = 1; }\n}\nuse crate::engine::E;"),
+        ["engine"]
+    );
+    assert_eq!(
+        scan(
+            "cmd/mod.rs",
+            "#[cfg(test)]\nuse crate::app::App;\nuse crate::engine::E;"
+        ),
+        ["engine"]
+    );
+    assert_eq!(
+        scan("cmd/mod.rs", "let mycrate::app = 1;"),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        scan(
+            "cmd/mod.rs",
+            "let j = r#\"{\"a\": \"crate::run\"}\"#; let k = br\"}\"; use crate::engine::E;"
+        ),
+        ["engine"]
+    );
 }
 
 #[test]
