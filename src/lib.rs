@@ -9,7 +9,9 @@
 //! - [`http`]: `/metrics`, Leaf's HTTP API, `/cache`, admin, `/health` and `/ready`.
 //! - [`app`]: wiring of config, storage, coordinators and engines into one application state.
 //! - [`cmd`]: one file per command family; a parsed command yields a [`protocol::Reply`].
-//! - [`metrics`]: metric names, histograms, per-batch counters and the Prometheus rendering.
+//! - [`context`]: what commands, HTTP handlers and connections see (the engines, the config, the
+//!   counters), built by the app; it copies engine state into the metrics at each scrape.
+//! - [`metrics`]: metric names, histograms, per-batch counters and the Prometheus registry.
 //! - [`access`], [`auth`], [`tls`]: who may connect and run what; rustls from PEM files.
 //! - [`engine::segment`], [`engine::snowflake`]: the two ID engines.
 //! - [`coord`]: snowflake worker ids (static, database, ZooKeeper), the time fence, [`coord::IssueLimit`].

@@ -1,24 +1,24 @@
 //! The wiring: opens storage, starts the engines and the snowflake worker id, builds the
 //! [`Context`] every connection shares, and owns the background tasks.
 
+mod snowflake;
+
+pub use snowflake::snowflake_layout;
+use snowflake::{start_snowflake, StartedSnowflake};
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Config, ConfigError, CoordinatorKind, SegmentConfig, SnowflakeConfig};
+use crate::config::{Config, ConfigError, CoordinatorKind, SegmentConfig};
 use crate::context::Context;
-use crate::coord::fence::FenceSettings;
-use crate::coord::fence_file::FenceFile;
-use crate::coord::static_id::StaticCoordinator;
-use crate::coord::zookeeper::ZkCoordinator;
-use crate::coord::{self, CoordError, Coordinator, Worker};
+use crate::coord::{CoordError, Worker};
 use crate::engine::segment::{validate_tag_name, MAX_TAG_START};
 use crate::engine::segment::{
     AutoCreate, Interleave, OpaqueCipher, SegmentEngine, SegmentError, SegmentSettings,
 };
-use crate::engine::snowflake::{Layout, SnowflakeEngine};
 use crate::metrics::Metrics;
 use crate::storage::{self, DeferredStore, OnRuntime, SegmentMarks, SegmentStore, StoreError};
 
@@ -81,17 +81,6 @@ pub fn validate_config(config: &Config) -> Result<(), ConfigError> {
             .or_else(|e| invalid(format!("segment.opaque '{}': {e}", entry.tag)))?;
     }
     Ok(())
-}
-
-/// The snowflake layout the `[snowflake]` section describes.
-pub fn snowflake_layout(sf: &SnowflakeConfig) -> Layout {
-    Layout {
-        epoch_ms: sf.epoch_ms,
-        timestamp_bits: sf.timestamp_bits,
-        worker_bits: sf.worker_id_bits,
-        sequence_bits: sf.sequence_bits,
-        unit_ms: sf.time_unit_ms,
-    }
 }
 
 /// The segment engine's tuning from the `[segment]` section.
@@ -350,106 +339,4 @@ impl App {
         }
         self.segments.store().close().await;
     }
-}
-
-/// The snowflake engine and what keeps its worker id.
-#[derive(Default)]
-struct StartedSnowflake {
-    engine: Option<Arc<SnowflakeEngine>>,
-    worker: Option<Worker>,
-    /// The coordinator's link status, for INFO and metrics.
-    coordinator: Option<Arc<dyn coord::CoordinatorStatus>>,
-}
-
-/// Obtains the worker id from the configured coordinator, opens the time fence and builds
-/// the snowflake engine.
-async fn start_snowflake(
-    config: &Config,
-    leases: Option<Arc<dyn crate::storage::WorkerLeaseStore>>,
-    clock: Arc<dyn Clock>,
-) -> Result<StartedSnowflake, AppError> {
-    let sf = &config.snowflake;
-    if !sf.enabled {
-        return Ok(StartedSnowflake::default());
-    }
-    let layout = snowflake_layout(sf);
-    let coordinator: Box<dyn Coordinator> = match sf.coordinator {
-        CoordinatorKind::Static => Box::new(StaticCoordinator {
-            worker_id: sf.worker_id,
-        }),
-        CoordinatorKind::Zookeeper => {
-            let endpoint =
-                coord::identity::endpoint(sf.zookeeper.advertise.as_deref(), config.resp_bind())?;
-            let mut cfg = sf.zookeeper.clone();
-            if cfg.cache_file.is_empty() {
-                cfg.cache_file = config
-                    .storage
-                    .state_dir()
-                    .join("snowflake-worker.json")
-                    .display()
-                    .to_string();
-            }
-            let zk = ZkCoordinator {
-                cfg,
-                endpoint,
-                max_worker_id: layout.max_worker_id(),
-                clock: clock.clone(),
-                shared: Arc::default(),
-                layout: Arc::new(layout),
-            };
-            Box::new(zk)
-        }
-        CoordinatorKind::Database => {
-            let store = leases.ok_or_else(|| {
-                CoordError::Database(format!(
-                    "the database {} is not reachable at start (or has no leaf_worker table); the database coordinator needs it",
-                    config.storage.redacted_url()
-                ))
-            })?;
-            let endpoint = coord::identity::endpoint(None, config.resp_bind())
-                .unwrap_or_else(|_| config.resp_bind().to_string());
-            Box::new(coord::database::DatabaseCoordinator {
-                store,
-                endpoint,
-                max_worker_id: layout.max_worker_id(),
-                lease_ms: sf.database_lease_ms,
-                clock: clock.clone(),
-                state_file: config.storage.state_dir().join("snowflake-worker-db.json"),
-                layout: Arc::new(layout),
-            })
-        }
-    };
-    let settings = FenceSettings {
-        window_ms: sf.fence_window_ms,
-        max_start_wait_ms: sf.max_start_wait_ms,
-    };
-    let fence_file = FenceFile::new(sf.fence_path(&config.storage));
-    let worker = coord::start(
-        coordinator.as_ref(),
-        &layout,
-        fence_file,
-        settings,
-        clock.clone(),
-    )
-    .await?;
-    tracing::info!(
-        coordinator = worker.kind,
-        worker_id = worker.worker_id,
-        fence_file = %worker.fence_file.path().display(),
-        "snowflake worker id held; time fence open"
-    );
-    let engine = SnowflakeEngine::new(
-        layout,
-        worker.worker_id,
-        sf.max_backward_ms,
-        clock,
-        worker.limit.clone(),
-        Duration::from_millis(sf.fence_wait_ms),
-    )
-    .with_floor(worker.floor_ms);
-    Ok(StartedSnowflake {
-        engine: Some(Arc::new(engine)),
-        worker: Some(worker),
-        coordinator: coordinator.status(),
-    })
 }
