@@ -191,7 +191,7 @@ impl RequestDecoder {
     /// else (incomplete, malformed, oversized) returns `None` and goes through redis-protocol and
     /// the limit checks, which produce the right answer or error. This path exists because the
     /// general decoder costs several times more per command (see `resp/decode_incr` in
-    /// `benches/engines.rs`).
+    /// `bench/engines.rs`).
     fn decode_complete_bulk_array<'b>(
         &self,
         buf: &'b [u8],
