@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::backends::required_env;
+use common::binary::free_port;
 use common::scenarios::{create_tag, unique_tag};
 use common::TestServer;
 use leafd::config::CoordinatorKind;
@@ -32,14 +33,6 @@ fn percent_encode(text: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn traffic(server: &TestServer, tag: &str, rounds: usize) {

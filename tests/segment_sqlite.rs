@@ -171,7 +171,8 @@ async fn opaque_ids() {
 /// Two clusters on two databases serve one tag name with `id_delta = 2` and remainders 0 and
 /// 1 (Tinyid's two data centres): INCR, INCRBY within a segment and INCRBY larger than the step,
 /// over RESP and HTTP; every ID of both is distinct, has its cluster's residue, and each
-/// connection's IDs increase.
+/// connection's IDs increase. An opaque tag (4 digits, one key) under the same split: 2,000
+/// opaque IDs from each cluster, all distinct, each revealing a sequential ID of its residue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_with_delta_and_remainder_never_collide() {
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
@@ -181,11 +182,18 @@ async fn two_clusters_with_delta_and_remainder_never_collide() {
         config.segment.id_delta = 2;
         config.segment.id_remainder = remainder as i64;
         config.segment.adaptive_step = false;
+        config.segment.opaque_key = "one key for both data centres".into();
+        config.segment.opaque.push(leafd::config::OpaqueTag {
+            tag: "receipts".into(),
+            digits: 4,
+        });
         let server = TestServer::start(config).await;
         create_tag(&server, "orders", 100, None).await;
+        create_tag(&server, "receipts", 100, None).await;
         servers.push(server);
     }
     let mut seen = HashSet::new();
+    let mut seen_opaque = HashSet::new();
     for (remainder, server) in servers.iter().enumerate() {
         let mut con = server.client().await;
         let mut last = 0i64;
@@ -207,7 +215,24 @@ async fn two_clusters_with_delta_and_remainder_never_collide() {
         let over_http = server.http_id("orders").await;
         assert_eq!(over_http.rem_euclid(2), remainder as i64);
         assert!(seen.insert(over_http) && over_http > last);
+
+        let mut pipe = redis::pipe();
+        for _ in 0..2_000 {
+            pipe.cmd("INCR").arg("segment:receipts");
+        }
+        let opaque: Vec<i64> = pipe.query_async(&mut con).await.unwrap();
+        let mut reveal = redis::pipe();
+        for &id in &opaque {
+            assert!((1_000..=9_999).contains(&id), "{id} is not 4 digits");
+            assert!(seen_opaque.insert(id), "opaque {id} repeated");
+            reveal.cmd("LEAF.TAG").arg("REVEAL").arg("receipts").arg(id);
+        }
+        let sequential: Vec<i64> = reveal.query_async(&mut con).await.unwrap();
+        for position in sequential {
+            assert_eq!(position.rem_euclid(2), remainder as i64, "{position}");
+        }
     }
+    assert_eq!(seen_opaque.len(), 4_000);
     for server in servers {
         server.stop().await;
     }

@@ -402,6 +402,55 @@ fn javascript_safe(config: &mut Config) {
     config.snowflake.time_unit_ms = 10;
 }
 
+/// The 53-bit layout under load: four clients at once (batches of 100 and single IDs
+/// pipelined), 16,000 IDs past the 25,600-per-second ceiling of one worker, so most requests
+/// wait for the next step: all distinct, at most 2^53 − 1, increasing per client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_53_bit_layout_under_concurrent_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/leafd.db", dir.path().display());
+    let state = tempfile::tempdir().unwrap();
+    let mut config = node_config(&url, &state, 2000);
+    javascript_safe(&mut config);
+    let server = common::TestServer::start(config).await;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let mut con = server.client().await;
+        clients.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for _ in 0..20 {
+                let batch: Vec<i64> = redis::cmd("SNOWFLAKE")
+                    .arg(100)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                ids.extend(batch);
+                let mut pipe = redis::pipe();
+                for _ in 0..100 {
+                    pipe.cmd("SNOWFLAKE");
+                }
+                let singles: Vec<i64> = pipe.query_async(&mut con).await.unwrap();
+                ids.extend(singles);
+            }
+            ids
+        }));
+    }
+    let mut all = std::collections::HashSet::new();
+    for client in clients {
+        let ids = client.await.unwrap();
+        assert_eq!(ids.len(), 4_000);
+        for pair in ids.windows(2) {
+            assert!(pair[0] < pair[1], "{} then {}", pair[0], pair[1]);
+        }
+        for id in ids {
+            assert!(id > 0 && id < 1 << 53, "{id} is past 2^53 - 1");
+            assert!(all.insert(id), "{id} handed out twice");
+        }
+    }
+    assert_eq!(all.len(), 16_000);
+    server.stop().await;
+}
+
 /// A 53-bit layout with a 10 ms unit through the server: SNOWFLAKE over RESP and HTTP gives
 /// increasing IDs of at most 2^53 − 1; LEAF.DECODE and LEAF.FROMTIME follow the unit. Then the
 /// layout record: the default 63-bit layout may follow it (its first ID is above any a 53-bit
