@@ -1,5 +1,5 @@
 //! Wall-clock time in milliseconds behind a trait: the system clock in production, a
-//! manually driven clock in tests (step policy now, snowflake clock rules later).
+//! manually driven clock in tests; the engines and coordinators apply the clock rules.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -205,7 +205,6 @@ impl Context {
         self.tls_port.store(port, Ordering::Relaxed);
     }
 
-    /// Marks the database as answered and the tag list as loaded.
     /// The snowflake engine, once this node holds a worker id.
     pub fn snowflake(&self) -> Option<Arc<SnowflakeEngine>> {
         self.snowflake.load_full()
@@ -239,6 +238,7 @@ impl Context {
         }
     }
 
+    /// Marks the database as answered and the tag list as loaded.
     pub fn set_storage_ready(&self) {
         self.storage_ready.store(true, Ordering::SeqCst);
     }

@@ -145,13 +145,19 @@ fn admit(spec: &table::CommandSpec, session: &Session, argc: usize) -> Result<()
 /// them, without building a command future; `None` sends the command to `run`.
 fn answer_at_once(id: CommandId, ctx: &Arc<Context>, args: &[&[u8]]) -> Option<Reply> {
     match id {
-        CommandId::Incr => match Key::of(args[1])? {
+        CommandId::Incr => match Key::of(sole_argument(args))? {
             Key::Snowflake => snowflake::next_at_once(ctx),
             Key::Segment(tag) => segment::incr_at_once(tag, ctx),
         },
         CommandId::Snowflake if args.len() == 1 => snowflake::next_at_once(ctx),
         _ => None,
     }
+}
+
+/// The argument of a command the table gives exactly one (INCR, GET, ECHO): [`admit`] has
+/// checked the count, so the cursor's first argument is all there is.
+fn sole_argument<'a>(args: &'a [&'a [u8]]) -> &'a [u8] {
+    ArgCursor::new(args).optional().unwrap_or_default()
 }
 
 /// `INCRBY <key> <n>`: the key, then the count.
@@ -170,7 +176,7 @@ async fn run(id: CommandId, ctx: &Arc<Context>, session: &mut Session, args: &[&
     let spec = id.spec();
     use CommandId::*;
     match id {
-        Incr => match Key::parse(args[1]) {
+        Incr => match Key::parse(sole_argument(args)) {
             Ok(Key::Snowflake) => snowflake::next(ctx).await,
             Ok(Key::Segment(tag)) => segment::incr(tag, ctx).await,
             Err(reply) => reply,
@@ -182,11 +188,11 @@ async fn run(id: CommandId, ctx: &Arc<Context>, session: &mut Session, args: &[&
             Err(reply) => reply,
         },
         Snowflake => snowflake::snowflake(args, ctx).await,
-        Get => snowflake::get(args[1], ctx).await,
+        Get => snowflake::get(sole_argument(args), ctx).await,
         LeafDecode => snowflake::decode(args, ctx),
         LeafFromTime => snowflake::from_time(args, ctx),
         Ping => connection::ping(args, session),
-        Echo => Reply::Bulk(Bytes::copy_from_slice(args[1])),
+        Echo => Reply::Bulk(Bytes::copy_from_slice(sole_argument(args))),
         Hello => connection::hello(args, ctx, session),
         Auth => connection::auth(args, ctx, session),
         Client => connection::client(args, ctx, session),

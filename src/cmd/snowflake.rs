@@ -1,5 +1,5 @@
 //! Snowflake commands: `SNOWFLAKE [n]`, `INCR snowflake` / `GET snowflake` for clients that
-//! only send INCR or GET, and `LEAF.DECODE <id>`.
+//! only send INCR or GET, `LEAF.DECODE <id>` and `LEAF.FROMTIME <time>`.
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};

@@ -1,4 +1,5 @@
-//! `[segment]`: Leaf's double buffer and adaptive step, and the tags created at start.
+//! `[segment]`: Leaf's double buffer and adaptive step, the tags created at start, tags created
+//! by their first use, the delta/remainder split and opaque tags.
 
 use serde::{Deserialize, Serialize};
 

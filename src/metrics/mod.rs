@@ -1,5 +1,5 @@
-//! Metric names in one place, and each server's own Prometheus recorder: handles registered
-//! once for the hot path, engine state copied into gauges only when `/metrics` is scraped.
+//! Each server's own Prometheus registry: handles registered once for the hot path, names in
+//! `names.rs`; the context copies engine state into it only when `/metrics` is scraped.
 
 mod batch;
 mod histogram;
