@@ -148,6 +148,24 @@ fn snowflake(c: &mut Criterion) {
     c.bench_function("snowflake/next_id", |b| {
         b.iter(|| rt.block_on(engine.next_id()).unwrap())
     });
+    // The work of one ID alone (what `SNOWFLAKE` answered at once costs): a 22-bit sequence
+    // holds 4 million IDs a millisecond, so the loop never waits for the next one.
+    let wide = SnowflakeEngine::new(
+        Layout {
+            timestamp_bits: 41,
+            worker_bits: 0,
+            sequence_bits: 22,
+            ..Layout::default()
+        },
+        0,
+        5,
+        Arc::new(SystemClock),
+        Arc::new(IssueLimit::unbounded()),
+        Duration::from_secs(1),
+    );
+    c.bench_function("snowflake/try_next_id", |b| {
+        b.iter(|| wide.try_next_id().unwrap().unwrap())
+    });
     c.bench_function("snowflake/batch_of_100", |b| {
         b.iter(|| loop {
             if let Attempt::Ids(ids) = engine.try_next(100).unwrap() {
