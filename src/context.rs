@@ -31,8 +31,10 @@ pub struct Context {
     pub segments: Arc<SegmentEngine>,
     pub metrics: Arc<Metrics>,
     /// Empty when `snowflake.enabled = false`, and until the worker id is held (the database
-    /// coordinator waits for a database that was down at start).
-    snowflake: arc_swap::ArcSwapOption<SnowflakeEngine>,
+    /// coordinator waits for a database that was down at start). Set once: every SNOWFLAKE
+    /// reads it, and a set-once cell is one atomic load where a swappable pointer cost ~50
+    /// instructions per request (callgrind, bench/instructions.sh).
+    snowflake: std::sync::OnceLock<Arc<SnowflakeEngine>>,
     /// The state of the coordinator's link to its service (ZooKeeper), when it has one.
     pub coordinator: Option<Arc<dyn CoordinatorStatus>>,
     pub stats: ServerStats,
@@ -63,7 +65,7 @@ impl Context {
             snowflake_layout,
             segments,
             metrics,
-            snowflake: arc_swap::ArcSwapOption::new(snowflake),
+            snowflake: snowflake.map(std::sync::OnceLock::from).unwrap_or_default(),
             coordinator,
             stats: ServerStats::default(),
             clients: ClientRegistry::default(),
@@ -124,7 +126,7 @@ impl Context {
             m.gauge(SEGMENT_PRELOAD_THRESHOLD_IDS, &[("tag", tag)])
                 .set(threshold as f64);
         }
-        if let Some(engine) = self.snowflake_now().as_ref() {
+        if let Some(engine) = self.snowflake_now() {
             let st = engine.stats();
             m.counter(SNOWFLAKE_IDS_TOTAL, &[])
                 .absolute(engine.ids_served());
@@ -207,17 +209,21 @@ impl Context {
 
     /// The snowflake engine, once this node holds a worker id.
     pub fn snowflake(&self) -> Option<Arc<SnowflakeEngine>> {
-        self.snowflake.load_full()
+        self.snowflake.get().cloned()
     }
 
     /// The engine for the request path, without touching its reference count.
-    pub fn snowflake_now(&self) -> arc_swap::Guard<Option<Arc<SnowflakeEngine>>> {
-        self.snowflake.load()
+    pub fn snowflake_now(&self) -> Option<&Arc<SnowflakeEngine>> {
+        self.snowflake.get()
     }
 
-    /// Installs the engine of a worker id obtained after the start.
-    pub fn install_snowflake(&self, engine: Arc<SnowflakeEngine>) {
-        self.snowflake.store(Some(engine));
+    /// Installs the engine of a worker id obtained after the start; a node has one worker id
+    /// for its life, so a second engine is refused (and its worker id released by the caller).
+    pub fn install_snowflake(
+        &self,
+        engine: Arc<SnowflakeEngine>,
+    ) -> Result<(), Arc<SnowflakeEngine>> {
+        self.snowflake.set(engine)
     }
 
     /// Marks the node as draining: `/ready` answers 503 from now on.

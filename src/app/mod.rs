@@ -270,7 +270,13 @@ impl App {
             match start_snowflake(config, store.clone().worker_leases(), self.clock.clone()).await {
                 Ok(started) => {
                     if let Some(engine) = started.engine {
-                        self.context.install_snowflake(engine);
+                        if self.context.install_snowflake(engine).is_err() {
+                            // Another start installed one first: give this worker id back.
+                            if let Some(worker) = started.worker {
+                                worker.close(None).await;
+                            }
+                            return;
+                        }
                     }
                     *self.worker.lock().await = started.worker;
                     return;

@@ -19,6 +19,8 @@ pub enum Key<'a> {
 impl<'a> Key<'a> {
     /// The key's meaning, or `None` for a key leafd does not serve (no error built: the hot
     /// path tries this first).
+    // Always: left out of line it costs 15 instructions per INCR (callgrind).
+    #[inline(always)]
     pub fn of(key: &'a [u8]) -> Option<Key<'a>> {
         if key.eq_ignore_ascii_case(SNOWFLAKE_KEY) {
             Some(Key::Snowflake)

@@ -172,7 +172,7 @@ pub fn info(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
         );
     }
     if show("leafd") {
-        if let Some(engine) = ctx.snowflake_now().as_ref() {
+        if let Some(engine) = ctx.snowflake_now() {
             let st = engine.stats();
             let _ = write!(
                 out,

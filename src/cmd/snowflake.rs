@@ -45,8 +45,7 @@ pub async fn next(ctx: &Arc<Context>) -> Reply {
 
 /// [`next`] when the ID can be issued without waiting (nearly always); `None` otherwise.
 pub fn next_at_once(ctx: &Context) -> Option<Reply> {
-    let guard = ctx.snowflake_now();
-    let engine = guard.as_ref()?;
+    let engine = ctx.snowflake_now()?;
     match engine.try_next_id() {
         Ok(id) => id.map(Reply::Integer),
         Err(e) => Some(snowflake_error(&e)),

@@ -72,6 +72,7 @@ impl Segment {
     }
 
     /// Takes `n` IDs (contiguous, or every `delta`-th with an interleave) and returns the last.
+    #[inline]
     fn take(&mut self, n: i64, interleave: Interleave) -> Option<i64> {
         let last = self.last_of(n, interleave)?;
         self.next = last + 1;
@@ -79,6 +80,7 @@ impl Segment {
     }
 
     /// The last ID a block of `n` would end at, if the segment holds the whole block.
+    #[inline]
     fn last_of(&self, n: i64, interleave: Interleave) -> Option<i64> {
         if interleave.delta == 1 {
             return (self.remaining() >= n).then(|| self.next + n - 1);
@@ -169,6 +171,8 @@ impl BufferState {
     /// Takes `n` contiguous IDs from the current segment, switching to the next segment when the
     /// current one cannot supply all `n` (its remainder is then skipped: IDs are unique and
     /// increasing, not gap-free). Returns the last ID of the block.
+    // Always: left out of line it costs 24 instructions per INCR (callgrind).
+    #[inline(always)]
     pub fn take(&mut self, n: i64) -> Option<i64> {
         let interleave = self.interleave;
         let mut last = self.current.as_mut().and_then(|s| s.take(n, interleave));
