@@ -402,17 +402,28 @@ fn javascript_safe(config: &mut Config) {
     config.snowflake.time_unit_ms = 10;
 }
 
-/// The 53-bit layout under load: four clients at once (batches of 100 and single IDs
-/// pipelined), 16,000 IDs past the 25,600-per-second ceiling of one worker, so most requests
-/// wait for the next step: all distinct, at most 2^53 − 1, increasing per client.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_53_bit_layout_under_concurrent_clients() {
+/// A node with the JavaScript-safe layout on a new SQLite file: the server, the database URL,
+/// the database's directory and the state directory (both kept for the node's life).
+async fn javascript_safe_node() -> (
+    common::TestServer,
+    String,
+    tempfile::TempDir,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/leafd.db", dir.path().display());
     let state = tempfile::tempdir().unwrap();
     let mut config = node_config(&url, &state, 2000);
     javascript_safe(&mut config);
-    let server = common::TestServer::start(config).await;
+    (common::TestServer::start(config).await, url, dir, state)
+}
+
+/// The 53-bit layout under load: four clients at once (batches of 100 and single IDs
+/// pipelined), 16,000 IDs past the 25,600-per-second ceiling of one worker, so most requests
+/// wait for the next step: all distinct, at most 2^53 − 1, increasing per client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_53_bit_layout_under_concurrent_clients() {
+    let (server, _url, _dir, _state) = javascript_safe_node().await;
     let mut clients = Vec::new();
     for _ in 0..4 {
         let mut con = server.client().await;
@@ -458,12 +469,7 @@ async fn a_53_bit_layout_under_concurrent_clients() {
 /// with a fresh state directory) and by the fence file (the static coordinator).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_53_bit_layout_and_layout_changes_that_could_go_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/leafd.db", dir.path().display());
-    let state = tempfile::tempdir().unwrap();
-    let mut config = node_config(&url, &state, 2000);
-    javascript_safe(&mut config);
-    let server = common::TestServer::start(config).await;
+    let (server, url, _dir, state) = javascript_safe_node().await;
     let mut con = server.client().await;
     let mut last = 0i64;
     for _ in 0..30 {
