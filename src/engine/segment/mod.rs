@@ -317,7 +317,15 @@ impl SegmentEngine {
                         .handed_out(last)
                         .ok_or_else(|| SegmentError::Exhausted(tag.to_string()));
                 }
-                Step::Block => return self.allocate_block(&buffer, n).await,
+                // A block reserved straight in the table is handed out like a buffered ID: an
+                // opaque tag whose delta exceeds its step gets here for single IDs, and its
+                // sequential position must not go out as it is (it repeated opaque IDs).
+                Step::Block => {
+                    let last = self.allocate_block(&buffer, n).await?;
+                    return buffer
+                        .handed_out(last)
+                        .ok_or_else(|| SegmentError::Exhausted(tag.to_string()));
+                }
                 Step::Failed(failure) => return Err(self.failure_error(tag, failure)),
                 Step::Wait { loaded, start_load } => {
                     if start_load {

@@ -237,3 +237,58 @@ async fn an_exhausted_opaque_tag_stops_allocating() {
     // The range past the end is refused; the next try waits the longest back-off (5 s).
     assert!(max_id <= 11_000, "kept allocating: max_id {max_id}");
 }
+
+/// An opaque tag whose delta exceeds its step takes single IDs straight from the table (a
+/// block, not a buffered segment): they are opaque too. Before, those went out as sequential
+/// positions (`4, 7, 10, …` with delta 3) and repeated opaque IDs already handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opaque_tag_with_a_delta_above_its_step_hands_out_only_opaque_ids() {
+    let cipher = OpaqueCipher::new(b"a key of sixteen+ bytes", "o", 4);
+    let interleave = Interleave {
+        delta: 3,
+        remainder: 0,
+    };
+    let settings = SegmentSettings {
+        adaptive_step: false,
+        max_step: 1000,
+        load_timeout: Duration::from_secs(1),
+        max_tags: 10,
+        failover_margin: 0,
+        auto_create: None,
+        interleave: Default::default(),
+        tag_interleave: [("o".to_string(), interleave)].into_iter().collect(),
+        opaque: [(
+            "o".to_string(),
+            Arc::new(OpaqueCipher::new(b"a key of sixteen+ bytes", "o", 4)),
+        )]
+        .into_iter()
+        .collect(),
+    };
+    let engine = SegmentEngine::new(
+        Arc::new(MemoryStore::new()),
+        crate::storage::SegmentMarks::in_memory(),
+        settings,
+        Arc::new(crate::clock::SystemClock),
+        Arc::new(()),
+    );
+    // Step 3 holds one ID of the split; step 2 may hold none, so every ID is a block.
+    engine.create_tag("o", 3, 1, None).await.unwrap();
+    let mut served = std::collections::HashSet::new();
+    for round in 0..600 {
+        if round == 300 {
+            engine.set_step("o", 2).await.unwrap();
+        }
+        let id = engine.next_ids("o", 1).await.unwrap();
+        assert!(
+            (1000..=9999).contains(&id),
+            "round {round}: {id} is not 4 digits"
+        );
+        assert!(served.insert(id), "round {round}: {id} handed out twice");
+        let position = cipher.decode(id).unwrap();
+        assert_eq!(
+            position % 3,
+            0,
+            "round {round}: position {position} of {id}"
+        );
+    }
+}
