@@ -35,6 +35,9 @@ pub struct Context {
     /// reads it, and a set-once cell is one atomic load where a swappable pointer cost ~50
     /// instructions per request (callgrind, bench/instructions.sh).
     snowflake: std::sync::OnceLock<Arc<SnowflakeEngine>>,
+    /// Why there is no engine yet, once the database has answered and the worker id was
+    /// still refused (a layout change, no free id); read only when there is no engine.
+    snowflake_refused: std::sync::Mutex<Option<String>>,
     /// The state of the coordinator's link to its service (ZooKeeper), when it has one.
     pub coordinator: Option<Arc<dyn CoordinatorStatus>>,
     pub stats: ServerStats,
@@ -66,6 +69,7 @@ impl Context {
             segments,
             metrics,
             snowflake: snowflake.map(std::sync::OnceLock::from).unwrap_or_default(),
+            snowflake_refused: std::sync::Mutex::new(None),
             coordinator,
             stats: ServerStats::default(),
             clients: ClientRegistry::default(),
@@ -210,6 +214,29 @@ impl Context {
     /// The snowflake engine, once this node holds a worker id.
     pub fn snowflake(&self) -> Option<Arc<SnowflakeEngine>> {
         self.snowflake.get().cloned()
+    }
+
+    /// Why this node holds no worker id yet, for the replies that say so.
+    pub fn snowflake_missing_reason(&self) -> String {
+        let refused = self
+            .snowflake_refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match refused.as_deref() {
+            Some(reason) => {
+                format!("the database answered but the worker id was refused: {reason}")
+            }
+            None => "the database the coordinator leases it from has not answered since the start"
+                .to_string(),
+        }
+    }
+
+    /// Records why the deferred start of the worker id failed (it keeps retrying).
+    pub fn set_snowflake_refused(&self, reason: String) {
+        *self
+            .snowflake_refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(reason);
     }
 
     /// The engine for the request path, without touching its reference count.

@@ -160,6 +160,52 @@ async fn database_down_at_start(url: &str) {
     server.stop().await;
 }
 
+/// Started while the database is unreachable, with a snowflake layout other than the one a
+/// live node holds a lease in: once the database answers, the worker id is refused, and
+/// SNOWFLAKE says why (the layout) instead of "has not answered since the start"; no ID.
+async fn database_down_at_start_then_layout_refused(url: &str) {
+    let holder = TestServer::start(config_for(url)).await;
+    let (proxy, routed) = through_proxy(url, false).await;
+    let mut config = config_for(&routed);
+    config.storage.acquire_timeout_ms = 500;
+    config.snowflake.time_unit_ms = 10;
+    let server = TestServer::start(config).await;
+    let mut raw = server.raw().await;
+    let reply = raw.send(b"SNOWFLAKE\r\n", 1).await;
+    assert!(
+        reply.contains("has not answered since the start"),
+        "{reply}"
+    );
+    proxy.restore();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = raw.send(b"SNOWFLAKE\r\n", 1).await;
+        if reply.contains("the worker id was refused") {
+            assert!(
+                reply.starts_with("-UNAVAILABLE snowflake: no worker id held yet: the database answered but the worker id was refused: ")
+                    && reply.contains("layout change refused"),
+                "{reply}"
+            );
+            break;
+        }
+        assert!(
+            reply.starts_with("-UNAVAILABLE snowflake: no worker id held yet"),
+            "{reply}"
+        );
+        assert!(Instant::now() < deadline, "still: {reply}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body = reqwest::get(server.http_url("/api/snowflake/get/any"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(body.contains("layout change refused"), "{body}");
+    server.stop().await;
+    holder.stop().await;
+}
+
 /// The connection to the database is cut at run time: both buffers are served, then
 /// UNAVAILABLE within the load timeout, then recovery once the connection is restored.
 async fn outage_at_run_time(url: &str) {
@@ -619,6 +665,20 @@ macro_rules! backend_tests {
                     return;
                 };
                 super::database_down_at_start(&url).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn database_down_at_start_then_layout_refused() {
+                let Some(url) = $backend
+                    .fresh_database(concat!(
+                        stringify!($module),
+                        "::database_down_at_start_then_layout_refused"
+                    ))
+                    .await
+                else {
+                    return;
+                };
+                super::database_down_at_start_then_layout_refused(&url).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

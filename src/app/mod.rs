@@ -283,6 +283,7 @@ impl App {
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "database reachable but no snowflake worker id yet; retrying");
+                    self.context.set_snowflake_refused(e.to_string());
                 }
             }
             tokio::select! {

@@ -13,9 +13,10 @@ use crate::protocol::{ArgCursor, Reply};
 fn engine(ctx: &Context) -> Result<Arc<SnowflakeEngine>, Reply> {
     match ctx.snowflake() {
         Some(engine) => Ok(engine),
-        None if ctx.config.snowflake.enabled => Err(Reply::error(
-            "UNAVAILABLE snowflake: no worker id held yet: the database the coordinator leases it from has not answered since the start",
-        )),
+        None if ctx.config.snowflake.enabled => Err(Reply::error(format!(
+            "UNAVAILABLE snowflake: no worker id held yet: {}",
+            ctx.snowflake_missing_reason()
+        ))),
         None => Err(Reply::error("ERR snowflake is disabled on this server")),
     }
 }

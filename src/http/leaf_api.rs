@@ -53,7 +53,10 @@ pub(super) async fn snowflake_id(
         if ctx.config.snowflake.enabled {
             return text(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "no snowflake worker id held yet: the database the coordinator leases it from has not answered since the start\n".into(),
+                format!(
+                    "no snowflake worker id held yet: {}\n",
+                    ctx.snowflake_missing_reason()
+                ),
             );
         }
         return text(
