@@ -176,7 +176,8 @@ impl Coordinator for DatabaseCoordinator {
         }
         let Some((worker_id, floor_ms)) = granted else {
             return Err(CoordError::NoFreeWorkerId(format!(
-                "all {} ids of leaf_worker are leased by live nodes",
+                // A node killed less than a lease ago still holds its id: "live" would mislead.
+                "all {} ids of leaf_worker are leased (by running nodes, or by stopped ones whose lease has not run out)",
                 self.max_worker_id + 1
             )));
         };
