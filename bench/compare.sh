@@ -45,14 +45,14 @@ if [ "${TLS:-0}" = 1 ]; then
     --tls-cert-file "$work/cert.pem" --tls-key-file "$work/key.pem" --tls-auth-clients no \
     > "$work/redis.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 1 100); do redis-cli "${tls[@]}" -p "$redis_port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+  wait_for_ping "$redis_port" "${tls[@]}"
 fi
 if ! redis-cli "${tls[@]}" -p "$redis_port" PING >/dev/null 2>&1; then
   echo "no redis-server on 127.0.0.1:$redis_port" >&2; exit 1
 fi
 "$leafd_bin" --config "$work/leafd.toml" > "$work/leafd.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 100); do redis-cli -p "$leafd_port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+wait_for_ping "$leafd_port"
 redis-cli -p "$leafd_port" LEAF.TAG CREATE bench 100000 >/dev/null
 redis-cli "${tls[@]}" -p "$redis_port" DEL bench >/dev/null
 

@@ -31,14 +31,14 @@ leafd_port=$(free_port)
 "$leafd_bin" --bind "127.0.0.1:$leafd_port" --http-bind "127.0.0.1:$(free_port)" \
   --storage-url "sqlite://$work/leafd.db" > "$work/leafd.log" 2>&1 &
 pids+=($!); ports+=("$leafd_port"); procs+=($!)
-for _ in $(seq 1 100); do redis-cli -p "$leafd_port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+wait_for_ping "$leafd_port"
 redis-cli -p "$leafd_port" LEAF.TAG CREATE bench 100000 >/dev/null
 
 start_floor() { # NAME SOURCE [LIBS]
   gcc -O2 -o "$work/$1" "bench/floor/$2" "${@:3}" 2>"$work/$1.gcc" || { echo "($1 not built: $(head -n 1 "$work/$1.gcc"))" >&2; return 0; }
   local port; port=$(free_port)
   "$work/$1" "$port" & pids+=($!)
-  for _ in $(seq 1 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.05; done
+  wait_for_ping "$port"
   names+=("$1"); ports+=("$port"); procs+=($!); commands+=("INCR bench")
 }
 start_floor epoll-floor epoll_floor.c

@@ -22,18 +22,15 @@ trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"
 printf '%-28s %-20s %4s %12s\n' binary command -P instructions
 for bin in "$@"; do
   port=$(free_port)
-  http_port=$(free_port)
-  # A fresh database and state directory per binary (marks of the last run would refuse it).
-  rm -rf "$work"/leafd.db* "$work"/state "$work"/callgrind.out.*
-  printf '[server]\nbind = "127.0.0.1:%s"\n[http]\nbind = "127.0.0.1:%s"\n[storage]\nurl = "sqlite://%s/leafd.db"\nstate_dir = "%s/state"\n' \
-    "$port" "$http_port" "$work" "$work" > "$work/leafd.toml"
-  valgrind --tool=callgrind --collect-atstart=yes --callgrind-out-file="$work/callgrind.out.%p" \
-    "$bin" --config "$work/leafd.toml" >"$work/leafd.log" 2>&1 &
+  # A fresh directory per binary: the database and, beside it, the state directory (the marks
+  # of the last run would refuse a new database).
+  run_dir=$(mktemp -d -p "$work")
+  valgrind --tool=callgrind --collect-atstart=yes --callgrind-out-file="$run_dir/callgrind.out.%p" \
+    "$bin" --bind "127.0.0.1:$port" --http-bind "127.0.0.1:$(free_port)" \
+    --storage-url "sqlite://$run_dir/leafd.db" >"$run_dir/leafd.log" 2>&1 &
   pid=$!
-  for _ in $(seq 1 600); do
-    redis-cli -p "$port" PING >/dev/null 2>&1 && break
-    sleep 0.1
-  done
+  # Under valgrind the start takes seconds.
+  PING_TRIES=600 wait_for_ping "$port"
   redis-cli -p "$port" LEAF.TAG CREATE bench 100000 >/dev/null
   for cmd in "INCR segment:bench" SNOWFLAKE; do
     for depth in 1 32; do
@@ -42,10 +39,10 @@ for bin in "$@"; do
       callgrind_control -z "$pid" >/dev/null 2>&1
       # shellcheck disable=SC2086
       redis-benchmark -p "$port" -c 50 -P "$depth" -n "$requests" $cmd >/dev/null
-      rm -f "$work"/callgrind.out.*.[0-9]*
+      rm -f "$run_dir"/callgrind.out.*.[0-9]*
       callgrind_control -d "$pid" >/dev/null 2>&1
-      total=$(cat "$work"/callgrind.out.* | awk '/^summary:/ {s += $2} END {print s + 0}')
-      rm -f "$work"/callgrind.out.*
+      total=$(cat "$run_dir"/callgrind.out.* | awk '/^summary:/ {s += $2} END {print s + 0}')
+      rm -f "$run_dir"/callgrind.out.*
       printf '%-28s %-20s %4s %12d\n' "$(basename "$bin")" "$cmd" "$depth" $((total / requests))
     done
   done

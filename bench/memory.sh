@@ -23,7 +23,7 @@ start_leafd() {
   "$leafd_bin" --bind "127.0.0.1:$port" --http-bind "127.0.0.1:$(free_port)" --max-clients $((connections + 100)) \
     --storage-url "sqlite://$work/leafd.db" "$@" > "$work/leafd.log" 2>&1 &
   pid=$!
-  for _ in $(seq 1 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+  wait_for_ping "$port"
 }
 rss() { awk '/VmRSS/ {printf "%.1f MB", $2/1024}' "/proc/$pid/status"; }
 start_leafd
