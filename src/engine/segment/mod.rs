@@ -110,6 +110,13 @@ impl TagBuffer {
         }
     }
 
+    /// [`TagBuffer::handed_out`] for a request that waited: past the opaque range the tag's
+    /// IDs are exhausted, and it is told so.
+    fn hand_out(&self, last: i64) -> Result<i64, SegmentError> {
+        self.handed_out(last)
+            .ok_or_else(|| SegmentError::Exhausted(self.name.to_string()))
+    }
+
     /// Opaque IDs are handed out one at a time: a block of them is not a range.
     fn refuses_count(&self, n: i64) -> Option<SegmentError> {
         (n != 1 && self.opaque.is_some()).then(|| {
@@ -313,19 +320,12 @@ impl SegmentEngine {
                     if preload {
                         self.spawn_load(buffer.clone());
                     }
-                    return buffer
-                        .handed_out(last)
-                        .ok_or_else(|| SegmentError::Exhausted(tag.to_string()));
+                    return buffer.hand_out(last);
                 }
                 // A block reserved straight in the table is handed out like a buffered ID: an
                 // opaque tag whose delta exceeds its step gets here for single IDs, and its
                 // sequential position must not go out as it is (it repeated opaque IDs).
-                Step::Block => {
-                    let last = self.allocate_block(&buffer, n).await?;
-                    return buffer
-                        .handed_out(last)
-                        .ok_or_else(|| SegmentError::Exhausted(tag.to_string()));
-                }
+                Step::Block => return buffer.hand_out(self.allocate_block(&buffer, n).await?),
                 Step::Failed(failure) => return Err(self.failure_error(tag, failure)),
                 Step::Wait { loaded, start_load } => {
                     if start_load {

@@ -193,12 +193,9 @@ async fn ids_increase_across_a_block_larger_than_the_step() {
     assert_eq!(engine.next_ids("t", 1).await.unwrap(), last + 1);
 }
 
-/// An opaque tag past the last position with an opaque ID answers "exhausted" without
-/// reserving more ranges in the database, however often it is asked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exhausted_opaque_tag_stops_allocating() {
-    let store = Arc::new(MemoryStore::new());
-    let cipher = OpaqueCipher::new(b"a key of sixteen+ bytes", "small", 4);
+/// An engine on `store` whose tag `tag` hands out opaque IDs of 4 digits (the key
+/// [`OPAQUE_TEST_KEY`]) under `interleave`; fixed steps.
+fn opaque_engine(store: Arc<MemoryStore>, tag: &str, interleave: Interleave) -> Arc<SegmentEngine> {
     let settings = SegmentSettings {
         adaptive_step: false,
         max_step: 1000,
@@ -207,18 +204,31 @@ async fn an_exhausted_opaque_tag_stops_allocating() {
         failover_margin: 0,
         auto_create: None,
         interleave: Default::default(),
-        tag_interleave: Default::default(),
-        opaque: [("small".to_string(), Arc::new(cipher))]
-            .into_iter()
-            .collect(),
+        tag_interleave: [(tag.to_string(), interleave)].into_iter().collect(),
+        opaque: [(
+            tag.to_string(),
+            Arc::new(OpaqueCipher::new(OPAQUE_TEST_KEY, tag, 4)),
+        )]
+        .into_iter()
+        .collect(),
     };
-    let engine = SegmentEngine::new(
-        store.clone(),
+    SegmentEngine::new(
+        store,
         crate::storage::SegmentMarks::in_memory(),
         settings,
         Arc::new(crate::clock::SystemClock),
         Arc::new(()),
-    );
+    )
+}
+
+const OPAQUE_TEST_KEY: &[u8] = b"a key of sixteen+ bytes";
+
+/// An opaque tag past the last position with an opaque ID answers "exhausted" without
+/// reserving more ranges in the database, however often it is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_opaque_tag_stops_allocating() {
+    let store = Arc::new(MemoryStore::new());
+    let engine = opaque_engine(store.clone(), "small", Interleave::default());
     engine.create_tag("small", 1000, 1, None).await.unwrap();
     let mut served = std::collections::HashSet::new();
     let first_error = loop {
@@ -243,34 +253,12 @@ async fn an_exhausted_opaque_tag_stops_allocating() {
 /// positions (`4, 7, 10, …` with delta 3) and repeated opaque IDs already handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_opaque_tag_with_a_delta_above_its_step_hands_out_only_opaque_ids() {
-    let cipher = OpaqueCipher::new(b"a key of sixteen+ bytes", "o", 4);
     let interleave = Interleave {
         delta: 3,
         remainder: 0,
     };
-    let settings = SegmentSettings {
-        adaptive_step: false,
-        max_step: 1000,
-        load_timeout: Duration::from_secs(1),
-        max_tags: 10,
-        failover_margin: 0,
-        auto_create: None,
-        interleave: Default::default(),
-        tag_interleave: [("o".to_string(), interleave)].into_iter().collect(),
-        opaque: [(
-            "o".to_string(),
-            Arc::new(OpaqueCipher::new(b"a key of sixteen+ bytes", "o", 4)),
-        )]
-        .into_iter()
-        .collect(),
-    };
-    let engine = SegmentEngine::new(
-        Arc::new(MemoryStore::new()),
-        crate::storage::SegmentMarks::in_memory(),
-        settings,
-        Arc::new(crate::clock::SystemClock),
-        Arc::new(()),
-    );
+    let engine = opaque_engine(Arc::new(MemoryStore::new()), "o", interleave);
+    let cipher = OpaqueCipher::new(OPAQUE_TEST_KEY, "o", 4);
     // Step 3 holds one ID of the split; step 2 may hold none, so every ID is a block.
     engine.create_tag("o", 3, 1, None).await.unwrap();
     let mut served = std::collections::HashSet::new();
