@@ -501,7 +501,10 @@ async fn postgres_a_failed_commit_hands_out_nothing() {
         .fetch_one(&mut db)
         .await
         .unwrap();
-    assert_eq!(max_id, 0, "the failed commit left the row as it was");
+    assert_eq!(
+        max_id, 1,
+        "the failed commit left the row as it was (created at start 1)"
+    );
 
     sqlx::query("DELETE FROM refuse_commit")
         .execute(&mut db)

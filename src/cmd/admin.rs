@@ -64,9 +64,10 @@ pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
         b"step" => ("leaf.tag|step", 2..=2),
         b"skip" => ("leaf.tag|skip", 2..=2),
         b"reveal" => ("leaf.tag|reveal", 2..=2),
+        b"split" => ("leaf.tag|split", 4..=4),
         _ => {
             return Reply::error(format!(
-                "ERR unknown subcommand '{}'. Try LEAF.TAG CREATE, STEP, SKIP, SKIPALL or REVEAL.",
+                "ERR unknown subcommand '{}'. Try LEAF.TAG CREATE, STEP, SKIP, SKIPALL, SPLIT or REVEAL.",
                 lossy(given)
             ))
         }
@@ -93,6 +94,19 @@ pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     let Ok(tag) = std::str::from_utf8(cursor.optional().unwrap_or_default()) else {
         return Reply::error("ERR tag may only contain printable ASCII characters without spaces");
     };
+    if sub == b"split" {
+        // LEAF.TAG SPLIT <tag> <delta> <remainder> <start>
+        let numbers = (|| Ok((cursor.next_i64()?, cursor.next_i64()?, cursor.next_i64()?)))();
+        let (delta, remainder, start) = match numbers {
+            Ok(numbers) => numbers,
+            Err(e) => return arg_error(name, e),
+        };
+        let split = crate::engine::segment::Interleave { delta, remainder };
+        return match ctx.segments.resplit(tag, split, start).await {
+            Ok(max_id) => Reply::Integer(max_id),
+            Err(e) => segment_error(&e),
+        };
+    }
     let numbers = cursor.next_i64().and_then(|number| {
         let start = cursor.optional().map(crate::protocol::parse_i64);
         Ok((number, start.transpose()?))

@@ -1,5 +1,5 @@
 //! What the SQL dialects' `SegmentStore`s do alike, whatever their allocation: list the table,
-//! record a tag's opaque-ID key, close the pool and lend the lease table of the same database.
+//! record a tag's opaque-ID key and residue class, close the pool and lend the lease table.
 
 /// Implements [`super::SegmentStore`] for a store with a `pool` field: the methods every SQL
 /// dialect shares, and the ones given in braces (its allocation and its writes). `$row` maps a
@@ -54,6 +54,83 @@ macro_rules! sql_segment_store {
             .await
         }
 
+        async fn claim_split(
+            &self,
+            tag: &str,
+            expected: Option<&str>,
+            split: Option<&str>,
+        ) -> Result<Option<String>, $crate::storage::StoreError> {
+            let claim = match expected {
+                Some(_) => format!(
+                    "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {} AND split = {}",
+                    $p(1),
+                    $p(2),
+                    $p(3)
+                ),
+                None => format!(
+                    "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {} AND split IS NULL",
+                    $p(1),
+                    $p(2)
+                ),
+            };
+            let read = format!("SELECT split FROM leaf_alloc WHERE biz_tag = {}", $p(1));
+            let (claim, read) = (&claim, &read);
+            $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                let mut query = sqlx::query(claim).bind(split).bind(tag);
+                if let Some(expected) = expected {
+                    query = query.bind(expected);
+                }
+                query.execute(&mut *tx).await?;
+                let row: Option<(Option<String>,)> =
+                    sqlx::query_as(read).bind(tag).fetch_optional(&mut *tx).await?;
+                match row {
+                    Some((recorded,)) => Ok((tx, recorded)),
+                    None => Err($crate::storage::StoreError::UnknownTag(tag.to_string())),
+                }
+            })
+            .await
+        }
+
+        async fn resplit(
+            &self,
+            tag: &str,
+            split: Option<&str>,
+            start: i64,
+        ) -> Result<i64, $crate::storage::StoreError> {
+            // exclusive_max before max_id: MySQL's SET sees the values assigned to its left.
+            let move_up = format!(
+                "UPDATE leaf_alloc SET split = {}, \
+                 exclusive_max = CASE WHEN max_id < {} THEN {} ELSE exclusive_max END, \
+                 max_id = CASE WHEN max_id < {} THEN {} ELSE max_id END WHERE biz_tag = {}",
+                $p(1),
+                $p(2),
+                $p(3),
+                $p(4),
+                $p(5),
+                $p(6)
+            );
+            let read = format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = {}", $p(1));
+            let (move_up, read) = (&move_up, &read);
+            $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                sqlx::query(move_up)
+                    .bind(split)
+                    .bind(start)
+                    .bind(start)
+                    .bind(start)
+                    .bind(start)
+                    .bind(tag)
+                    .execute(&mut *tx)
+                    .await?;
+                let row: Option<(i64,)> =
+                    sqlx::query_as(read).bind(tag).fetch_optional(&mut *tx).await?;
+                match row {
+                    Some((max_id,)) => Ok((tx, max_id)),
+                    None => Err($crate::storage::StoreError::UnknownTag(tag.to_string())),
+                }
+            })
+            .await
+        }
+
         fn backend(&self) -> &'static str {
             $backend
         }
@@ -71,4 +148,29 @@ macro_rules! sql_segment_store {
     };
 }
 
+/// The start of every tag creation, inside its transaction `$tx`: takes the `leafd_guard` row
+/// (putting it back if it is missing), then counts the tags; `Err(TagLimit)` at the limit.
+macro_rules! guard_tag_count {
+    ($tx:expr, $new:expr) => {{
+        let guarded = sqlx::query($crate::storage::GUARD_TAGS)
+            .execute(&mut *$tx)
+            .await?;
+        if guarded.rows_affected() == 0 {
+            sqlx::query($crate::storage::RESTORE_GUARD)
+                .execute(&mut *$tx)
+                .await?;
+        }
+        let (count,): (i64,) = sqlx::query_as($crate::storage::COUNT_TAGS)
+            .fetch_one(&mut *$tx)
+            .await?;
+        if count >= i64::try_from($new.max_tags).unwrap_or(i64::MAX) {
+            return Err($crate::storage::StoreError::TagLimit {
+                count,
+                limit: $new.max_tags,
+            });
+        }
+    }};
+}
+
+pub(crate) use guard_tag_count;
 pub(crate) use sql_segment_store;

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 
-use super::{LeafAlloc, SegmentStore, StoreError};
+use super::{LeafAlloc, NewTag, SegmentStore, StoreError};
 
 pub struct DeferredStore {
     backend: &'static str,
@@ -58,16 +58,21 @@ impl SegmentStore for DeferredStore {
         self.store()?.list().await
     }
 
-    async fn create_tag(
+    async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
+        self.store()?.create_tag(new).await
+    }
+
+    async fn claim_split(
         &self,
         tag: &str,
-        step: i64,
-        max_id: i64,
-        description: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.store()?
-            .create_tag(tag, step, max_id, description)
-            .await
+        expected: Option<&str>,
+        split: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        self.store()?.claim_split(tag, expected, split).await
+    }
+
+    async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError> {
+        self.store()?.resplit(tag, split, start).await
     }
 
     async fn claim_opaque(

@@ -4,8 +4,9 @@
 /// Implements [`super::SegmentStore`] for a store with a `pool` field. `$instance` names the
 /// database instance a connection reaches (an async fn over the dialect's connection). The SQL
 /// texts bind, in order: `lock` the tag (a `SELECT … FOR UPDATE` of `biz_tag, max_id, step,
-/// description, writer, opaque`); `advance` the new max_id, the writer, the tag; `insert` tag, max_id,
-/// step, description, writer; `set_step` step then tag. `$row` maps a locked row to a
+/// description, writer, opaque, exclusive_max, split`); `advance` the new max_id, the same again for
+/// `exclusive_max`, the writer, the tag; `insert` tag, max_id, the same again for
+/// `exclusive_max`, step, description, writer, split; `set_step` step then tag. `$row` maps a locked row to a
 /// [`super::LeafAlloc`].
 macro_rules! locked_segment_store {
     (
@@ -39,9 +40,11 @@ macro_rules! locked_segment_store {
                     };
                     let mut alloc = $row(row)?;
                     let writer: Option<String> = sqlx::Row::try_get(row, "writer")?;
-                    let (max_id, skip) = $crate::storage::failover::plan(
+                    let exclusive_max: Option<i64> = sqlx::Row::try_get(row, "exclusive_max")?;
+                    let (first, max_id, skip) = $crate::storage::failover::plan(
                         tag,
                         alloc.max_id,
+                        exclusive_max,
                         step.unwrap_or(alloc.step),
                         writer.as_deref(),
                         &current,
@@ -49,11 +52,13 @@ macro_rules! locked_segment_store {
                     )?;
                     sqlx::query($advance)
                         .bind(max_id)
+                        .bind(max_id)
                         .bind(&current)
                         .bind(tag)
                         .execute(&mut *tx)
                         .await?;
                     alloc.max_id = max_id;
+                    alloc.first = first;
                     alloc.failover = skip;
                     Ok((tx, alloc))
                 })
@@ -62,24 +67,24 @@ macro_rules! locked_segment_store {
 
             async fn create_tag(
                 &self,
-                tag: &str,
-                step: i64,
-                max_id: i64,
-                description: Option<&str>,
+                new: &$crate::storage::NewTag,
             ) -> Result<(), $crate::storage::StoreError> {
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    $crate::storage::common::guard_tag_count!(tx, new);
                     // The creating instance is recorded: a failover that loses the tag's
                     // first allocations is then seen like any other.
                     let current = $instance(&mut *tx).await?;
                     sqlx::query($insert)
-                        .bind(tag)
-                        .bind(max_id)
-                        .bind(step)
-                        .bind(description)
+                        .bind(&new.tag)
+                        .bind(new.start)
+                        .bind(new.start)
+                        .bind(new.step)
+                        .bind(new.description.as_deref())
                         .bind(&current)
+                        .bind(new.split.as_deref())
                         .execute(&mut *tx)
                         .await
-                        .map_err(|e| $crate::storage::insert_error(e, tag))?;
+                        .map_err(|e| $crate::storage::insert_error(e, &new.tag))?;
                     Ok((tx, ()))
                 })
                 .await

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{LeafAlloc, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
+use super::{LeafAlloc, NewTag, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
 
 #[derive(Default)]
 pub struct MemoryStore {
@@ -47,10 +47,12 @@ impl SegmentStore for MemoryStore {
         let row = rows
             .get_mut(tag)
             .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
-        row.max_id = row
-            .max_id
+        // Every row here is written by leafd alone: each range starts at the last max_id.
+        let first = row.max_id;
+        row.max_id = first
             .checked_add(step.unwrap_or(row.step))
             .ok_or_else(|| StoreError::Exhausted(tag.to_string()))?;
+        row.first = first;
         Ok(row.clone())
     }
 
@@ -58,29 +60,57 @@ impl SegmentStore for MemoryStore {
         Ok(self.rows().values().cloned().collect())
     }
 
-    async fn create_tag(
-        &self,
-        tag: &str,
-        step: i64,
-        max_id: i64,
-        description: Option<&str>,
-    ) -> Result<(), StoreError> {
+    async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
         let mut rows = self.rows();
-        if rows.contains_key(tag) {
-            return Err(StoreError::TagExists(tag.to_string()));
+        if rows.len() >= new.max_tags {
+            return Err(StoreError::TagLimit {
+                count: rows.len() as i64,
+                limit: new.max_tags,
+            });
+        }
+        if rows.contains_key(&new.tag) {
+            return Err(StoreError::TagExists(new.tag.clone()));
         }
         rows.insert(
-            tag.to_string(),
+            new.tag.clone(),
             LeafAlloc {
-                tag: tag.to_string(),
-                max_id,
-                step,
-                description: description.map(str::to_string),
+                tag: new.tag.clone(),
+                max_id: new.start,
+                first: new.start,
+                step: new.step,
+                description: new.description.clone(),
                 failover: None,
                 opaque: None,
+                split: new.split.clone(),
             },
         );
         Ok(())
+    }
+
+    async fn claim_split(
+        &self,
+        tag: &str,
+        expected: Option<&str>,
+        split: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        let mut rows = self.rows();
+        let row = rows
+            .get_mut(tag)
+            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        if row.split.as_deref() == expected {
+            row.split = split.map(str::to_string);
+        }
+        Ok(row.split.clone())
+    }
+
+    async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError> {
+        let mut rows = self.rows();
+        let row = rows
+            .get_mut(tag)
+            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        row.split = split.map(str::to_string);
+        row.max_id = row.max_id.max(start);
+        Ok(row.max_id)
     }
 
     async fn claim_opaque(

@@ -33,14 +33,41 @@ pub use sqlite::SqliteStore;
 
 /// Every row of `leaf_alloc`, in the column order the dialects' row mappers read.
 const LIST_ROWS: &str =
-    "SELECT biz_tag, max_id, step, description, opaque FROM leaf_alloc ORDER BY biz_tag";
+    "SELECT biz_tag, max_id, step, description, opaque, split FROM leaf_alloc ORDER BY biz_tag";
+
+/// The first statement of every tag creation: all creators, on every node and every member of
+/// a multi-primary cluster, serialize on this row before counting the tags.
+const GUARD_TAGS: &str = "UPDATE leafd_guard SET counter = counter + 1 WHERE name = 'tags'";
+/// Puts the guard row back if an operator deleted it (a race here is a unique clash: retried).
+const RESTORE_GUARD: &str = "INSERT INTO leafd_guard (name, counter) VALUES ('tags', 0)";
+const COUNT_TAGS: &str = "SELECT COUNT(*) FROM leaf_alloc";
+
+/// A tag to insert into `leaf_alloc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTag {
+    pub tag: String,
+    pub step: i64,
+    /// The tag's first ID: its `max_id` and `exclusive_max`, as Leaf and leafd both read them.
+    pub start: i64,
+    pub description: Option<String>,
+    /// The residue class the creating node hands out (`<delta>:<remainder>`), `None` for the
+    /// whole space.
+    pub split: Option<String>,
+    /// The insert is refused when the table already holds this many tags (counted under the
+    /// database-wide guard, so nodes creating at once stop at exactly the limit).
+    pub max_tags: usize,
+}
 
 /// One row of `leaf_alloc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeafAlloc {
     pub tag: String,
-    /// The last ID handed out to any node (the end of the newest segment).
+    /// The table's `max_id`: as Leaf reads it, the next ID no allocation has granted yet (the
+    /// end, exclusive, of the newest segment).
     pub max_id: i64,
+    /// The first ID an allocation grants: it owns `first..max_id`. A listed row has no range
+    /// (`first == max_id`).
+    pub first: i64,
     /// The step stored in the table (the minimum of the adaptive step).
     pub step: i64,
     pub description: Option<String>,
@@ -49,6 +76,9 @@ pub struct LeafAlloc {
     pub failover: Option<FailoverSkip>,
     /// The opaque-ID key the tag serves under (`d<digits>:<fingerprint>`), once one was claimed.
     pub opaque: Option<String>,
+    /// The residue class the tag's cluster hands out (`<delta>:<remainder>`), as the row
+    /// recorded it when it was read (for an allocation: in the same transaction).
+    pub split: Option<String>,
 }
 
 /// Errors of a storage call.
@@ -58,6 +88,9 @@ pub enum StoreError {
     UnknownTag(String),
     #[error("tag '{0}' already exists")]
     TagExists(String),
+    /// The table holds `count` tags, at or past `segment.max_tags`.
+    #[error("tag limit reached: the table has {count} tags (segment.max_tags = {limit})")]
+    TagLimit { count: i64, limit: usize },
     /// The allocation would pass 2^63 − 1; the row was left as it was.
     #[error("tag '{0}' has exhausted its ID space")]
     Exhausted(String),
@@ -162,8 +195,11 @@ pub fn backend_of(url: &str) -> Option<&'static str> {
 /// number of leafd nodes sharing one database never receive overlapping segments.
 #[async_trait]
 pub trait SegmentStore: Send + Sync + 'static {
-    /// Adds `step` (or, when `None`, the row's own step) to the tag's `max_id` and returns the
-    /// row as updated, in one atomic operation. The caller then owns `(max_id - step, max_id]`.
+    /// Grants `step` IDs (or, when `None`, the row's own step) past the tag's `max_id` and
+    /// returns the row as updated, in one atomic operation: the caller owns
+    /// `first..max_id`, read as Leaf reads the table. The range starts at the old `max_id` when
+    /// the row's `exclusive_max` shows a leafd allocation left it unserved, else one above it
+    /// (Leaf and older leafd releases may have served it: see migration 0005).
     /// When the row's last allocation was made by another database instance than the one
     /// answering (a failover or a restore that may have lost allocations), `failover_margin`
     /// more IDs are skipped first and [`LeafAlloc::failover`] says so. An allocation that would
@@ -178,14 +214,24 @@ pub trait SegmentStore: Send + Sync + 'static {
     /// Every row of the table.
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError>;
 
-    /// Inserts a tag whose first ID will be `max_id + 1`; [`StoreError::TagExists`] if present.
-    async fn create_tag(
+    /// Inserts a tag, unless the table holds `new.max_tags` tags already
+    /// ([`StoreError::TagLimit`]) or the tag exists ([`StoreError::TagExists`]): counted and
+    /// inserted in one transaction behind the `leafd_guard` row.
+    async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError>;
+
+    /// Moves the tag's recorded residue class from `expected` to `split` (`None`: the whole
+    /// space) when it is still `expected`; returns the record after, in one transaction.
+    async fn claim_split(
         &self,
         tag: &str,
-        step: i64,
-        max_id: i64,
-        description: Option<&str>,
-    ) -> Result<(), StoreError>;
+        expected: Option<&str>,
+        split: Option<&str>,
+    ) -> Result<Option<String>, StoreError>;
+
+    /// The operator's re-split: records `split` whatever was recorded, and moves `max_id` up to
+    /// `start` when it is below (no ID under `start` is handed out from this row again);
+    /// returns the `max_id` after.
+    async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError>;
 
     /// Records `marker` as the key under which the tag hands out opaque IDs, unless it has one
     /// already or its `max_id` has reached `below` (plain IDs served into the opaque range);

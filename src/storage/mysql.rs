@@ -30,10 +30,12 @@ fn row_to_alloc(row: &MySqlRow) -> Result<LeafAlloc, sqlx::Error> {
     Ok(LeafAlloc {
         tag: row.try_get("biz_tag")?,
         max_id: row.try_get("max_id")?,
+        first: row.try_get("max_id")?,
         step: i64::from(row.try_get::<i32, _>("step")?),
         description: row.try_get("description")?,
         failover: None,
         opaque: row.try_get("opaque")?,
+        split: row.try_get("split")?,
     })
 }
 
@@ -60,11 +62,13 @@ super::locked::locked_segment_store!(
     row: row_to_alloc,
     placeholder: super::workers::question,
     instance: instance,
-    lock: "SELECT biz_tag, max_id, step, description, writer, opaque FROM leaf_alloc \
+    lock: "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split \
+           FROM leaf_alloc \
            WHERE biz_tag = ? FOR UPDATE",
-    advance: "UPDATE leaf_alloc SET max_id = ?, writer = ? WHERE biz_tag = ?",
-    insert: "INSERT INTO leaf_alloc (biz_tag, max_id, step, description, writer) \
-             VALUES (?, ?, ?, ?, ?)",
+    advance: "UPDATE leaf_alloc SET max_id = ?, exclusive_max = ?, writer = ? WHERE biz_tag = ?",
+    insert: "INSERT INTO leaf_alloc \
+             (biz_tag, max_id, exclusive_max, step, description, writer, split) \
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
     set_step: "UPDATE leaf_alloc SET step = ? WHERE biz_tag = ?",
 );
 

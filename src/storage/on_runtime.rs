@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::runtime::Handle;
 
-use super::{LeafAlloc, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
+use super::{LeafAlloc, NewTag, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
 
 /// Runs the calls of `inner` as tasks on `runtime`. Without it, a pooled connection opened
 /// during a command on a connection thread would be registered with that thread's event loop:
@@ -58,20 +58,33 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
         self.run(|s| async move { s.list().await }).await
     }
 
-    async fn create_tag(
+    async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
+        let new = new.clone();
+        self.run(|s| async move { s.create_tag(&new).await }).await
+    }
+
+    async fn claim_split(
         &self,
         tag: &str,
-        step: i64,
-        max_id: i64,
-        description: Option<&str>,
-    ) -> Result<(), StoreError> {
-        let tag = tag.to_string();
-        let description = description.map(str::to_string);
+        expected: Option<&str>,
+        split: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        let (tag, expected, split) = (
+            tag.to_string(),
+            expected.map(str::to_string),
+            split.map(str::to_string),
+        );
         self.run(|s| async move {
-            s.create_tag(&tag, step, max_id, description.as_deref())
+            s.claim_split(&tag, expected.as_deref(), split.as_deref())
                 .await
         })
         .await
+    }
+
+    async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError> {
+        let (tag, split) = (tag.to_string(), split.map(str::to_string));
+        self.run(|s| async move { s.resplit(&tag, split.as_deref(), start).await })
+            .await
     }
 
     async fn claim_opaque(

@@ -32,10 +32,12 @@ fn row_to_alloc(row: &PgRow) -> Result<LeafAlloc, sqlx::Error> {
     Ok(LeafAlloc {
         tag: row.try_get("biz_tag")?,
         max_id: row.try_get("max_id")?,
+        first: row.try_get("max_id")?,
         step: i64::from(row.try_get::<i32, _>("step")?),
         description: row.try_get("description")?,
         failover: None,
         opaque: row.try_get("opaque")?,
+        split: row.try_get("split")?,
     })
 }
 
@@ -58,12 +60,14 @@ super::locked::locked_segment_store!(
     row: row_to_alloc,
     placeholder: super::workers::dollar,
     instance: instance,
-    lock: "SELECT biz_tag, max_id, step, description, writer, opaque FROM leaf_alloc \
+    lock: "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split \
+           FROM leaf_alloc \
            WHERE biz_tag = $1 FOR UPDATE",
-    advance: "UPDATE leaf_alloc SET max_id = $1, writer = $2, update_time = CURRENT_TIMESTAMP \
-              WHERE biz_tag = $3",
-    insert: "INSERT INTO leaf_alloc (biz_tag, max_id, step, description, writer) \
-             VALUES ($1, $2, $3::INT, $4, $5)",
+    advance: "UPDATE leaf_alloc SET max_id = $1, exclusive_max = $2, writer = $3, \
+              update_time = CURRENT_TIMESTAMP WHERE biz_tag = $4",
+    insert: "INSERT INTO leaf_alloc \
+             (biz_tag, max_id, exclusive_max, step, description, writer, split) \
+             VALUES ($1, $2, $3, $4::INT, $5, $6, $7)",
     set_step: "UPDATE leaf_alloc SET step = $1::INT, update_time = CURRENT_TIMESTAMP WHERE biz_tag = $2",
 );
 

@@ -3,8 +3,9 @@
 
 /// Implements [`super::SegmentStore`] for a store with a `pool` field. The SQL texts bind, in
 /// order: `allocate` the step (`Option<i64>`) then the tag, returning `biz_tag, max_id, step,
-/// description, opaque`; `exists` the tag; `insert` tag, max_id, step, description; `set_step` step then
-/// tag. `$row` maps a returned row to a [`super::LeafAlloc`].
+/// description, opaque, split` (and setting `exclusive_max` to the new `max_id`: see
+/// [`super::SegmentStore::allocate`]); `exists` the tag; `insert` tag, start (its `max_id` and
+/// `exclusive_max`), step, description, split; `set_step` step then tag. `$row` maps a returned row to a [`super::LeafAlloc`].
 macro_rules! returning_segment_store {
     (
         $store:ty,
@@ -38,7 +39,8 @@ macro_rules! returning_segment_store {
                         .await?;
                     match rows.first() {
                         Some(row) => {
-                            let alloc = $row(row)?;
+                            let mut alloc = $row(row)?;
+                            alloc.first = alloc.max_id - step.unwrap_or(alloc.step);
                             Ok((tx, alloc))
                         }
                         None => {
@@ -52,20 +54,19 @@ macro_rules! returning_segment_store {
 
             async fn create_tag(
                 &self,
-                tag: &str,
-                step: i64,
-                max_id: i64,
-                description: Option<&str>,
+                new: &$crate::storage::NewTag,
             ) -> Result<(), $crate::storage::StoreError> {
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    $crate::storage::common::guard_tag_count!(tx, new);
                     sqlx::query($insert)
-                        .bind(tag)
-                        .bind(max_id)
-                        .bind(step)
-                        .bind(description)
+                        .bind(&new.tag)
+                        .bind(new.start)
+                        .bind(new.step)
+                        .bind(new.description.as_deref())
+                        .bind(new.split.as_deref())
                         .execute(&mut *tx)
                         .await
-                        .map_err(|e| $crate::storage::insert_error(e, tag))?;
+                        .map_err(|e| $crate::storage::insert_error(e, &new.tag))?;
                     Ok((tx, ()))
                 })
                 .await

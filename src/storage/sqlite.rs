@@ -76,10 +76,12 @@ fn row_to_alloc(row: &sqlx::sqlite::SqliteRow) -> Result<LeafAlloc, sqlx::Error>
     Ok(LeafAlloc {
         tag: row.try_get("biz_tag")?,
         max_id: row.try_get("max_id")?,
+        first: row.try_get("max_id")?,
         step: row.try_get("step")?,
         description: row.try_get("description")?,
         failover: None,
         opaque: row.try_get("opaque")?,
+        split: row.try_get("split")?,
     })
 }
 
@@ -89,12 +91,19 @@ super::returning::returning_segment_store!(
     backend: "sqlite",
     row: row_to_alloc,
     placeholder: super::workers::question,
-    allocate: "UPDATE leaf_alloc SET max_id = max_id + COALESCE(?1, step), \
+    // SET reads the row as it was: the range starts at the old max_id when exclusive_max says
+    // a leafd allocation left it unserved, else one above it (see migration 0005).
+    allocate: "UPDATE leaf_alloc SET \
+               max_id = max_id + COALESCE(?1, step) \
+                 + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END, \
+               exclusive_max = max_id + COALESCE(?1, step) \
+                 + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END, \
                update_time = CURRENT_TIMESTAMP \
-               WHERE biz_tag = ?2 AND max_id <= 9223372036854775807 - COALESCE(?1, step) \
-               RETURNING biz_tag, max_id, step, description, opaque",
+               WHERE biz_tag = ?2 AND max_id <= 9223372036854775806 - COALESCE(?1, step) \
+               RETURNING biz_tag, max_id, step, description, opaque, split",
     exists: "SELECT 1 FROM leaf_alloc WHERE biz_tag = ?1",
-    insert: "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?1, ?2, ?3, ?4)",
+    insert: "INSERT INTO leaf_alloc (biz_tag, max_id, exclusive_max, step, description, split) \
+             VALUES (?1, ?2, ?2, ?3, ?4, ?5)",
     set_step: "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2",
 );
 

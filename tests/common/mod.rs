@@ -17,7 +17,7 @@ use leafd::app::App;
 use leafd::clock::SystemClock;
 use leafd::config::Config;
 use leafd::run::{RunError, Server};
-use leafd::storage::{LeafAlloc, SegmentStore, StoreError};
+use leafd::storage::{LeafAlloc, NewTag, SegmentStore, StoreError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
@@ -293,15 +293,22 @@ impl SegmentStore for FlakyStore {
         self.gate().await?;
         self.inner.list().await
     }
-    async fn create_tag(
+    async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
+        self.gate().await?;
+        self.inner.create_tag(new).await
+    }
+    async fn claim_split(
         &self,
         tag: &str,
-        step: i64,
-        max_id: i64,
-        description: Option<&str>,
-    ) -> Result<(), StoreError> {
+        expected: Option<&str>,
+        split: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
         self.gate().await?;
-        self.inner.create_tag(tag, step, max_id, description).await
+        self.inner.claim_split(tag, expected, split).await
+    }
+    async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError> {
+        self.gate().await?;
+        self.inner.resplit(tag, split, start).await
     }
     async fn claim_opaque(
         &self,

@@ -173,14 +173,21 @@ pub async fn incrby_blocks_never_overlap(server: &TestServer) {
     }
 }
 
-/// A tag whose `max_id` is 150 below 2^63 − 1, step 100: one segment is served to its last ID,
+/// A tag whose first ID is 149 below 2^63 − 1, step 100: one segment is served to its last ID,
 /// then INCR and INCRBY answer `ERR tag '<tag>' has exhausted its ID space`, and the row is
 /// never changed again (no overflow stored, no "database unreachable").
 pub async fn the_end_of_the_id_space_is_refused_and_the_row_kept(server: &TestServer) {
     let tag = unique_tag("end");
     let store = server.app.segments.store();
     store
-        .create_tag(&tag, 100, i64::MAX - 150, None)
+        .create_tag(&leafd::storage::NewTag {
+            tag: tag.clone(),
+            step: 100,
+            start: i64::MAX - 149,
+            description: None,
+            split: None,
+            max_tags: 1000,
+        })
         .await
         .unwrap();
     server.app.segments.refresh_tags().await.unwrap();
@@ -215,8 +222,8 @@ pub async fn the_end_of_the_id_space_is_refused_and_the_row_kept(server: &TestSe
         .unwrap();
     assert_eq!(
         row.max_id,
-        i64::MAX - 50,
-        "the row is never pushed past the end"
+        i64::MAX - 49,
+        "the row is never pushed past the end (Leaf's reading: max_id is the next ID)"
     );
 }
 
@@ -419,7 +426,10 @@ pub async fn opaque_ids(url: &str) {
     for _ in 0..8999 {
         pipe.incr(format!("segment:{small}"), 1);
     }
-    let small_ids: Vec<i64> = pipe.query_async(&mut admin).await.unwrap();
+    let small_ids: Vec<i64> = pipe
+        .query_async(&mut admin)
+        .await
+        .unwrap_or_else(|e| panic!("8,999 four-digit opaque IDs: {e}"));
     let distinct: HashSet<i64> = small_ids.iter().copied().collect();
     assert_eq!(distinct.len(), 8999);
     assert!(small_ids.iter().all(|id| (1000..=9999).contains(id)));

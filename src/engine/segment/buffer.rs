@@ -39,6 +39,32 @@ impl Interleave {
     pub fn span(self, n: i64) -> Option<i64> {
         n.checked_mul(self.delta)
     }
+
+    /// How `leaf_alloc.split` records the class (`<delta>:<remainder>`); `None` for the whole
+    /// space (delta 1).
+    pub fn marker(self) -> Option<String> {
+        (self.delta != 1).then(|| format!("{}:{}", self.delta, self.remainder))
+    }
+
+    /// The class a `leaf_alloc.split` value records (`None`: the whole space); `Err` for a
+    /// value no leafd writes.
+    pub fn from_marker(marker: Option<&str>) -> Result<Interleave, String> {
+        let Some(marker) = marker else {
+            return Ok(Interleave::default());
+        };
+        marker
+            .split_once(':')
+            .and_then(|(d, r)| Some((d.parse::<i64>().ok()?, r.parse::<i64>().ok()?)))
+            .filter(|&(d, r)| d >= 1 && (0..d).contains(&r))
+            .map(|(delta, remainder)| Interleave { delta, remainder })
+            .ok_or_else(|| format!("'{marker}' is not a delta:remainder split"))
+    }
+
+    /// True when every ID of this class is also one of `outer`'s: a split may narrow this way
+    /// (delta 2 remainder 0 to delta 4 remainder 0 or 2) without reaching another cluster's IDs.
+    pub fn within(self, outer: Interleave) -> bool {
+        self.delta % outer.delta == 0 && self.remainder % outer.delta == outer.remainder
+    }
 }
 
 /// A contiguous range of IDs owned by this node: `next..=max` are still free.
@@ -50,12 +76,13 @@ pub struct Segment {
 }
 
 impl Segment {
-    /// The segment `(max_id - step, max_id]` that an allocation returning `max_id` grants.
-    pub fn granted(max_id: i64, step: i64) -> Segment {
+    /// The segment `first..end` an allocation grants (Leaf's reading: `end` is the table's
+    /// new `max_id`, not handed out).
+    pub fn granted(first: i64, end: i64) -> Segment {
         Segment {
-            next: max_id - step + 1,
-            max: max_id,
-            step,
+            next: first,
+            max: end - 1,
+            step: end - first,
         }
     }
 
@@ -208,10 +235,10 @@ impl BufferState {
     /// Installs a freshly loaded segment: as current if the current one is used up, else as
     /// next. A segment a block handed out since has passed (see [`BufferState::pass_block`])
     /// is installed only above the block, or not at all.
-    pub fn install(&mut self, segment: Segment, table_step: i64, now_ms: u64) {
+    pub fn install(&mut self, segment: Segment, table_step: i64, table_max_id: i64, now_ms: u64) {
         self.step = segment.step;
         self.table_step = table_step;
-        self.max_id = self.max_id.max(segment.max);
+        self.max_id = self.max_id.max(table_max_id);
         self.last_load_ms = Some(now_ms);
         self.loads_ok += 1;
         self.failure = None;
@@ -229,9 +256,9 @@ impl BufferState {
 
     /// A block ending at `last` was handed out straight from the database: the buffers move
     /// past it (the IDs they held below it are skipped), so the next ID is above the block.
-    pub fn pass_block(&mut self, last: i64) {
+    pub fn pass_block(&mut self, last: i64, table_max_id: i64) {
         self.floor = self.floor.max(last);
-        self.max_id = self.max_id.max(last);
+        self.max_id = self.max_id.max(table_max_id);
         self.current = self.current.and_then(|s| s.above(self.floor));
         self.next = self.next.and_then(|s| s.above(self.floor));
     }
@@ -257,8 +284,8 @@ mod tests {
     #[test]
     fn an_interleave_takes_only_its_residue() {
         let mut st = BufferState {
-            current: Some(Segment::granted(10, 10)),
-            next: Some(Segment::granted(30, 10)),
+            current: Some(Segment::granted(1, 11)),
+            next: Some(Segment::granted(21, 31)),
             interleave: Interleave {
                 delta: 3,
                 remainder: 2,
@@ -282,10 +309,32 @@ mod tests {
     }
 
     #[test]
+    fn a_split_may_only_narrow() {
+        let class = |delta, remainder| Interleave { delta, remainder };
+        let whole = Interleave::default();
+        assert!(class(2, 0).within(whole));
+        assert!(class(4, 2).within(class(2, 0)));
+        assert!(class(6, 3).within(class(3, 0)));
+        assert!(!class(4, 1).within(class(2, 0)));
+        assert!(
+            !class(3, 1).within(class(2, 0)),
+            "3/1 holds 4, an ID of 2/1... and of 2/0"
+        );
+        assert!(!whole.within(class(2, 0)));
+        assert!(!class(2, 0).within(class(4, 0)), "widening");
+        assert_eq!(class(2, 1).marker().as_deref(), Some("2:1"));
+        assert_eq!(whole.marker(), None);
+        assert_eq!(Interleave::from_marker(Some("4:3")), Ok(class(4, 3)));
+        assert_eq!(Interleave::from_marker(None), Ok(whole));
+        assert!(Interleave::from_marker(Some("4:4")).is_err());
+        assert!(Interleave::from_marker(Some("x")).is_err());
+    }
+
+    #[test]
     fn takes_contiguous_blocks_and_switches_segments() {
         let mut st = BufferState {
-            current: Some(Segment::granted(10, 10)),
-            next: Some(Segment::granted(30, 10)),
+            current: Some(Segment::granted(1, 11)),
+            next: Some(Segment::granted(21, 31)),
             ..Default::default()
         };
         assert_eq!(st.take(1), Some(1));
@@ -298,7 +347,7 @@ mod tests {
     #[test]
     fn preload_starts_once_ten_percent_is_used() {
         let mut st = BufferState {
-            current: Some(Segment::granted(100, 100)),
+            current: Some(Segment::granted(1, 101)),
             ..Default::default()
         };
         st.take(9);
@@ -312,22 +361,22 @@ mod tests {
     #[test]
     fn a_block_moves_the_buffers_past_it() {
         let mut st = BufferState {
-            current: Some(Segment::granted(500, 500)),
+            current: Some(Segment::granted(1, 501)),
             ..Default::default()
         };
         assert_eq!(st.take(1), Some(1));
-        // A block of 50 reserved in the database after this segment: (529, 579].
-        st.pass_block(579);
+        // A block of 50 reserved in the database after this segment: 530..580.
+        st.pass_block(579, 580);
         assert_eq!(
             st.take(1),
             None,
             "nothing below the block is served any more"
         );
         // A load that was in flight when the block was reserved returns a lower segment.
-        st.install(Segment::granted(1000, 500), 500, 0);
+        st.install(Segment::granted(501, 1001), 500, 1001, 0);
         assert_eq!(st.take(1), Some(580));
-        st.pass_block(2000);
-        st.install(Segment::granted(2500, 500), 500, 0);
+        st.pass_block(2000, 2001);
+        st.install(Segment::granted(2001, 2501), 500, 2501, 0);
         assert_eq!(st.take(1), Some(2001));
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::step;
-use super::{LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer};
+use super::{Interleave, LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer};
 use crate::storage::{LeafAlloc, StoreError};
 
 /// Told the outcome of every segment load (the metrics implement it), so the engine need not
@@ -42,9 +42,11 @@ impl SegmentEngine {
                 Ok(alloc) => {
                     let mut st = buffer.lock();
                     st.served += n as u64;
-                    st.pass_block(alloc.max_id);
-                    // `span` raw positions hold exactly `n` IDs of the interleave.
-                    Ok(interleave.at_or_below(alloc.max_id))
+                    // `span` raw positions, `first..max_id`, hold exactly `n` IDs of the
+                    // interleave.
+                    let last = interleave.at_or_below(alloc.max_id - 1);
+                    st.pass_block(last, alloc.max_id);
+                    Ok(last)
                 }
                 Err(failure) => {
                     if matches!(failure, LoadFailure::Rollback { .. }) {
@@ -78,16 +80,17 @@ impl SegmentEngine {
         );
     }
 
-    /// The rollback guard: the range `(max_id - step, max_id]` must start at or above the
-    /// highest `max_id` this node loaded before; then `max_id` becomes the new mark, on disk.
-    async fn guard(&self, tag: &str, max_id: i64, step: i64) -> Result<(), LoadFailure> {
-        let from = max_id - step + 1;
+    /// The rollback guard: the range `first..max_id` must start above the highest ID this node
+    /// was ever granted (its mark; marks an older release wrote hold its `max_id`, which it
+    /// may have served: the same meaning); then `max_id - 1` becomes the new mark, on disk.
+    async fn guard(&self, tag: &str, alloc: &LeafAlloc) -> Result<(), LoadFailure> {
+        let from = alloc.first;
         if let Some(mark) = self.marks.get(tag) {
             if from <= mark {
                 return Err(LoadFailure::Rollback { from, mark });
             }
         }
-        self.marks.record(tag, max_id).await.map_err(|e| {
+        self.marks.record(tag, alloc.max_id - 1).await.map_err(|e| {
             LoadFailure::Unavailable(
                 format!("cannot record the high-water mark in the state directory: {e}").into(),
             )
@@ -116,14 +119,14 @@ impl SegmentEngine {
         }
         let alloc = self.allocate_retrying(&buffer.name, step).await?;
         self.note_failover(&buffer.name, &alloc);
-        let range_step = step.unwrap_or(alloc.step);
-        if let Err(refused) = opaque_range_check(buffer, &alloc, range_step) {
+        if let Err(refused) = opaque_range_check(buffer, &alloc) {
             return Ok(Err(refused));
         }
-        Ok(self
-            .guard(&buffer.name, alloc.max_id, range_step)
-            .await
-            .map(|()| alloc))
+        let interleave = buffer.lock().interleave;
+        if let Err(refused) = self.split_check(&buffer.name, interleave, &alloc).await? {
+            return Ok(Err(refused));
+        }
+        Ok(self.guard(&buffer.name, &alloc).await.map(|()| alloc))
     }
 
     /// One allocation, retried for `load_timeout` while the database answers with errors that
@@ -149,6 +152,55 @@ impl SegmentEngine {
                 }
                 result => return result,
             }
+        }
+    }
+
+    /// Whether this node's residue class may serve a range of the row: the class the row
+    /// recorded (read in the allocation's transaction), or one inside it, which then becomes
+    /// the record (a narrowed split; a node still on the wider class is refused from then on).
+    /// Any other class could reach IDs another cluster served.
+    async fn split_check(
+        &self,
+        tag: &str,
+        mine: Interleave,
+        alloc: &LeafAlloc,
+    ) -> Result<Result<(), LoadFailure>, StoreError> {
+        let marker = mine.marker();
+        if alloc.split == marker {
+            return Ok(Ok(()));
+        }
+        let recorded = alloc.split.as_deref();
+        let refused = |recorded: Option<&str>| {
+            let recorded = match recorded {
+                Some(split) => format!("id_delta:id_remainder {split}"),
+                None => "the whole ID space (no split)".into(),
+            };
+            LoadFailure::Unavailable(
+                format!(
+                    "IDs refused: the tag's split is recorded as {recorded} and this node's {}:{} is not inside it, so it could repeat IDs another cluster served; once every node runs the new split, run LEAF.TAG SPLIT {tag} {} {} <start> in every cluster, with <start> above every cluster's max_id",
+                    mine.delta, mine.remainder, mine.delta, mine.remainder
+                )
+                .into(),
+            )
+        };
+        match Interleave::from_marker(recorded) {
+            Ok(outer) if mine.within(outer) => {}
+            _ => return Ok(Err(refused(recorded))),
+        }
+        let now = self
+            .store
+            .claim_split(tag, recorded, marker.as_deref())
+            .await?;
+        if now == marker {
+            tracing::warn!(
+                tag,
+                from = recorded.unwrap_or("none"),
+                to = marker.as_deref().unwrap_or("none"),
+                "the tag's recorded split narrowed to this node's"
+            );
+            Ok(Ok(()))
+        } else {
+            Ok(Err(refused(now.as_deref())))
         }
     }
 
@@ -190,10 +242,7 @@ impl SegmentEngine {
         };
         self.observer.load_finished(&buffer.name, started.elapsed());
         let outcome = match result {
-            Ok(Ok(alloc)) => {
-                let step = requested_step.unwrap_or(alloc.step);
-                Ok((alloc, step))
-            }
+            Ok(Ok(alloc)) => Ok(alloc),
             Ok(Err(failure)) => Err(failure),
             Err(err) => Err(LoadFailure::from_store(&err)),
         };
@@ -201,12 +250,17 @@ impl SegmentEngine {
         {
             let mut st = buffer.lock();
             match outcome {
-                Ok((alloc, step)) => {
+                Ok(alloc) => {
                     self.stats.loads_ok.fetch_add(1, Ordering::Relaxed);
                     if st.failure.is_some() {
                         tracing::info!(tag = %buffer.name, "segment loads succeed again");
                     }
-                    st.install(Segment::granted(alloc.max_id, step), alloc.step, now);
+                    st.install(
+                        Segment::granted(alloc.first, alloc.max_id),
+                        alloc.step,
+                        alloc.max_id,
+                        now,
+                    );
                 }
                 Err(failure) => {
                     self.stats.loads_failed.fetch_add(1, Ordering::Relaxed);
@@ -261,8 +315,8 @@ fn opaque_claim_result(
 
 /// An allocated range may be served: an opaque tag's row carries this key's marker; a plain
 /// tag that once served opaque IDs serves only plain IDs above all of them.
-fn opaque_range_check(buffer: &TagBuffer, alloc: &LeafAlloc, step: i64) -> Result<(), LoadFailure> {
-    let from = alloc.max_id - step + 1;
+fn opaque_range_check(buffer: &TagBuffer, alloc: &LeafAlloc) -> Result<(), LoadFailure> {
+    let from = alloc.first;
     match (&buffer.opaque, alloc.opaque.as_deref()) {
         // Past the last position with an opaque ID: no further range is worth loading.
         (Some(cipher), _) if from >= cipher.capacity() => Err(LoadFailure::Exhausted),

@@ -63,6 +63,7 @@ impl From<StoreError> for SegmentError {
             StoreError::UnknownTag(t) => SegmentError::UnknownTag(t),
             StoreError::TagExists(t) => SegmentError::TagExists(t),
             StoreError::Exhausted(t) => SegmentError::Exhausted(t),
+            limit @ StoreError::TagLimit { .. } => SegmentError::Invalid(limit.to_string()),
             other => SegmentError::Storage(other.to_string()),
         }
     }

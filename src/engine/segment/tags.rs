@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{store_reason, SegmentEngine, SegmentError, TagBuffer, TagMap};
-use crate::storage::StoreError;
+use super::{store_reason, Interleave, SegmentEngine, SegmentError, TagBuffer, TagMap};
+use crate::storage::{NewTag, StoreError};
 
 /// Longest tag name, the width of `leaf_alloc.biz_tag`.
 pub const MAX_TAG_LEN: usize = 128;
@@ -144,17 +144,27 @@ impl SegmentEngine {
             )));
         }
         let _writer = self.tag_writer.lock().await;
-        // Counted in the table, not in this node's map: other nodes create tags too.
-        let existing = self.store.list().await?.len();
-        if existing >= self.settings.max_tags {
-            return Err(SegmentError::Invalid(format!(
-                "tag limit reached: the table has {existing} tags (segment.max_tags = {})",
-                self.settings.max_tags
-            )));
+        // Counted and inserted in one transaction behind a database-wide guard: nodes
+        // creating tags at once stop at exactly the limit.
+        let new = NewTag {
+            tag: tag.to_string(),
+            step,
+            start,
+            description: description.map(str::to_string),
+            split: self.settings.interleave_of(tag).marker(),
+            max_tags: self.settings.max_tags,
+        };
+        let mut attempts = 0;
+        loop {
+            match self.store.create_tag(&new).await {
+                // Two members of a multi-primary cluster updated the guard at once.
+                Err(e) if e.is_conflict() && attempts < 10 => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(5 + fastrand::u64(..20))).await;
+                }
+                result => break result?,
+            }
         }
-        self.store
-            .create_tag(tag, step, start - 1, description)
-            .await?;
         self.tags.rcu(|map| {
             let mut map = TagMap::clone(map);
             map.entry(Box::from(tag.as_bytes()))
@@ -199,6 +209,39 @@ impl SegmentEngine {
             "tag moved forward by an operator"
         );
         Ok(alloc.max_id)
+    }
+
+    /// The operator's re-split of a tag (`LEAF.TAG SPLIT`): records `split` as the tag's class
+    /// and moves its `max_id` up to `start`; returns the `max_id` after. Run in every cluster
+    /// with a `start` above every cluster's `max_id`, no ID below it is handed out again.
+    pub async fn resplit(
+        &self,
+        tag: &str,
+        split: Interleave,
+        start: i64,
+    ) -> Result<i64, SegmentError> {
+        if split.delta < 1 || !(0..split.delta).contains(&split.remainder) {
+            return Err(SegmentError::Invalid(
+                "split needs delta >= 1 and 0 <= remainder < delta".into(),
+            ));
+        }
+        if !(1..=MAX_TAG_START).contains(&start) {
+            return Err(SegmentError::Invalid(format!(
+                "start must be between 1 and {MAX_TAG_START}"
+            )));
+        }
+        let max_id = self
+            .store
+            .resplit(tag, split.marker().as_deref(), start)
+            .await?;
+        tracing::warn!(
+            tag,
+            split = split.marker().as_deref().unwrap_or("none"),
+            start,
+            max_id,
+            "tag re-split by an operator"
+        );
+        Ok(max_id)
     }
 
     /// [`SegmentEngine::skip`] for every tag in the table; returns each tag's new `max_id`.

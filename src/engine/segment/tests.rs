@@ -108,14 +108,19 @@ impl SegmentStore for LateAnswers {
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         self.0.list().await
     }
-    async fn create_tag(
+    async fn create_tag(&self, new: &crate::storage::NewTag) -> Result<(), StoreError> {
+        self.0.create_tag(new).await
+    }
+    async fn claim_split(
         &self,
         tag: &str,
-        step: i64,
-        max_id: i64,
-        description: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.0.create_tag(tag, step, max_id, description).await
+        expected: Option<&str>,
+        split: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        self.0.claim_split(tag, expected, split).await
+    }
+    async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError> {
+        self.0.resplit(tag, split, start).await
     }
     async fn claim_opaque(
         &self,
