@@ -116,7 +116,7 @@ fn segment_settings(c: &SegmentConfig) -> SegmentSettings {
             })
             .collect(),
         auto_create: c.auto_create.then(|| {
-            let pattern = crate::cmd::glob::Glob::new(c.auto_create_pattern.as_bytes());
+            let pattern = crate::cmd::glob::Glob::case_sensitive(c.auto_create_pattern.as_bytes());
             AutoCreate {
                 allows: Arc::new(move |tag: &str| pattern.matches(tag.as_bytes())),
                 step: c.auto_create_step,

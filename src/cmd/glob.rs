@@ -1,5 +1,5 @@
-//! Redis-style glob patterns (`*`, `?`, `[...]`, `[^...]`, `\`), ASCII case-insensitive, in
-//! time proportional to pattern × text: no backtracking beyond the last `*` (CVE-2022-36021).
+//! Redis-style glob patterns (`*`, `?`, `[...]`, `[^...]`, `\`), in time proportional to
+//! pattern × text: no backtracking beyond the last `*` (CVE-2022-36021).
 
 /// One pattern element; every element but `Star` matches exactly one byte.
 #[derive(Debug, PartialEq, Eq)]
@@ -18,11 +18,23 @@ enum Token {
 #[derive(Debug)]
 pub struct Glob {
     tokens: Vec<Token>,
+    /// ASCII case-insensitive, as Redis matches `CONFIG GET` patterns (KEYS and SCAN match
+    /// case-sensitively: [`Glob::case_sensitive`]).
+    fold: bool,
 }
 
 impl Glob {
-    /// Compiles `pattern` (linear in its length; consecutive stars collapse into one).
+    /// Compiles `pattern`, ASCII case-insensitive (as Redis's `CONFIG GET`).
     pub fn new(pattern: &[u8]) -> Glob {
+        Glob {
+            fold: true,
+            ..Glob::case_sensitive(pattern)
+        }
+    }
+
+    /// Compiles `pattern` to match bytes exactly, as Redis's `KEYS` does: `ac-*` does not match
+    /// `AC-x` (`segment.auto_create_pattern`).
+    pub fn case_sensitive(pattern: &[u8]) -> Glob {
         let mut tokens = Vec::new();
         let mut i = 0;
         while i < pattern.len() {
@@ -66,7 +78,10 @@ impl Glob {
             }
             i += 1;
         }
-        Glob { tokens }
+        Glob {
+            tokens,
+            fold: false,
+        }
     }
 
     /// True when the whole of `text` matches.
@@ -82,7 +97,7 @@ impl Glob {
                     resume = Some((p, t));
                     p += 1;
                 }
-                Some(token) if one_matches(token, text[t]) => {
+                Some(token) if one_matches(token, text[t], self.fold) => {
                     p += 1;
                     t += 1;
                 }
@@ -100,16 +115,16 @@ impl Glob {
     }
 }
 
-fn one_matches(token: &Token, byte: u8) -> bool {
-    let byte = byte.to_ascii_lowercase();
+fn one_matches(token: &Token, byte: u8, fold: bool) -> bool {
+    let lower = |b: u8| if fold { b.to_ascii_lowercase() } else { b };
+    let byte = lower(byte);
     match token {
         Token::Star => false,
         Token::Any => true,
-        Token::Byte(b) => b.to_ascii_lowercase() == byte,
+        Token::Byte(b) => lower(*b) == byte,
         Token::Class { negated, ranges } => {
             let inside = ranges.iter().any(|&(low, high)| {
-                (low.to_ascii_lowercase()..=high.to_ascii_lowercase()).contains(&byte)
-                    || (low..=high).contains(&byte)
+                (lower(low)..=lower(high)).contains(&byte) || (low..=high).contains(&byte)
             });
             inside != *negated
         }
@@ -124,6 +139,17 @@ mod tests {
 
     fn m(pattern: &str, text: &str) -> bool {
         Glob::new(pattern.as_bytes()).matches(text.as_bytes())
+    }
+
+    #[test]
+    fn case_sensitive_patterns_match_bytes_exactly() {
+        let exact = |pattern: &str, text: &str| {
+            Glob::case_sensitive(pattern.as_bytes()).matches(text.as_bytes())
+        };
+        assert!(exact("ac-*", "ac-case"));
+        assert!(!exact("ac-*", "AC-case"));
+        assert!(!exact("[a-c]x", "Bx"));
+        assert!(m("ac-*", "AC-case"), "CONFIG GET folds case, as Redis");
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub struct SegmentConfig {
     /// Create an unknown tag on its first use (`INCR segment:new`), when its name matches
     /// `auto_create_pattern`. Off: an unknown tag is an error.
     pub auto_create: bool,
-    /// Redis-style glob (`*`, `?`, `[a-z]`) of the tag names `auto_create` may create.
+    /// Redis-style glob (`*`, `?`, `[a-z]`) of the tag names `auto_create` may create;
+    /// case-sensitive, as Redis's KEYS.
     pub auto_create_pattern: String,
     /// The step of a tag created on first use.
     pub auto_create_step: i64,
