@@ -259,14 +259,62 @@ async fn from_time_splits_issued_ids_at_each_instant() {
         .await
         .unwrap();
     assert_eq!(rfc, layout.first_id_at(1_764_000_000_123).unwrap());
+    // Any offset names the instant it says, over RESP and HTTP alike, and LEAF.DECODE of the
+    // answer gives that instant's milliseconds back.
+    for text in [
+        "2025-11-24T16:00:00.123Z",
+        "2025-11-24T18:00:00.123+02:00",
+        "2025-11-24T21:30:00.123+05:30",
+        "2025-11-24T10:30:00.123-05:30",
+        "2025-11-24T08:00:00.123-08:00",
+        "2025-11-24T16:00:00.1234Z",
+    ] {
+        let id: i64 = redis::cmd("LEAF.FROMTIME")
+            .arg(text)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(id, rfc, "{text}");
+        let path = format!("/fromtime/{}", text.replace('+', "%2B"));
+        let over_http = reqwest::get(server.http_url(&path))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(over_http, rfc.to_string(), "{text}");
+        let decoded: std::collections::HashMap<String, redis::Value> = redis::cmd("LEAF.DECODE")
+            .arg(id)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(
+            decoded.get("timestamp_ms"),
+            Some(&redis::Value::Int(1_764_000_000_123)),
+            "{text}"
+        );
+    }
+    let with_seconds_offset: i64 = redis::cmd("LEAF.FROMTIME")
+        .arg("2025-11-24T18:00:00+02:00")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        with_seconds_offset,
+        layout.first_id_at(1_764_000_000_000).unwrap()
+    );
     let mut raw = server.raw().await;
+    assert_eq!(
+        raw.send(&resp(&[b"LEAF.FROMTIME", b"2025-11-24T16:00:00.123"]), 1).await,
+        "-ERR '2025-11-24T16:00:00.123' is not a time: it has no offset (add Z for UTC); give UNIX milliseconds or RFC 3339 with an offset (2026-12-03T10:00:00Z, 2026-12-03T12:00:00.250+02:00)\r\n"
+    );
     assert_eq!(
         raw.send(&resp(&[b"LEAF.FROMTIME", b"1000"]), 1).await,
         "-ERR 1000 ms is before the snowflake epoch (1288834974657 ms)\r\n"
     );
     assert_eq!(
         raw.send(&resp(&[b"LEAF.FROMTIME", b"soon"]), 1).await,
-        "-ERR 'soon' is not a time: give UNIX milliseconds or RFC 3339 in UTC (2026-12-03T10:00:00Z)\r\n"
+        "-ERR 'soon' is not a time: it is not an RFC 3339 timestamp; give UNIX milliseconds or RFC 3339 with an offset (2026-12-03T10:00:00Z, 2026-12-03T12:00:00.250+02:00)\r\n"
     );
     let far = (layout.max_timestamp_ms() + 1).to_string();
     let (status, body) = {

@@ -2,7 +2,6 @@
 //! only send INCR or GET, `LEAF.DECODE <id>` and `LEAF.FROMTIME <time>`.
 
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
 
 use super::key::Key;
 use super::{arg_error, lossy};
@@ -138,8 +137,7 @@ pub fn decode(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     let Some(fields) = layout.decode(id) else {
         return Reply::error("ERR a snowflake ID is a positive integer");
     };
-    let time =
-        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(fields.timestamp_ms));
+    let time = crate::engine::snowflake::format_instant(fields.timestamp_ms);
     Reply::map([
         ("id", Reply::Integer(id)),
         ("timestamp_ms", Reply::Integer(fields.timestamp_ms as i64)),

@@ -162,7 +162,7 @@ pub const COMMANDS: &[CommandSpec] = {
     spec(Watch, "watch", -2, &["noscript", "loading", "stale", "fast", "allow-busy"], (1, -1, 1), "transactions", "Accepted; no key leafd serves can be changed by a client, so EXEC never aborts for it."),
     spec(Unwatch, "unwatch", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Forgets watched keys (none matter)."),
     spec(LeafTag, "leaf.tag", -3, ADMIN, NO_KEYS, "leaf", "LEAF.TAG CREATE <tag> <step> [<start>] | STEP <tag> <step> | SKIP <tag> <n> | SKIPALL <n> | REVEAL <tag> <id>."),
-    spec(LeafFromTime, "leaf.fromtime", 2, &["readonly", "fast"], NO_KEYS, "leaf", "The smallest snowflake ID of an instant (UNIX ms or RFC 3339 UTC): IDs of [t1, t2) are >= FROMTIME(t1) and < FROMTIME(t2)."),
+    spec(LeafFromTime, "leaf.fromtime", 2, &["readonly", "fast"], NO_KEYS, "leaf", "The smallest snowflake ID of an instant (UNIX ms or RFC 3339 with an offset): IDs of [t1, t2) are >= FROMTIME(t1) and < FROMTIME(t2)."),
     ]
 };
 

@@ -2,7 +2,6 @@
 //! plain text, and the fields of a snowflake ID.
 
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -86,8 +85,7 @@ pub(super) async fn decode(
             format!("'{id}' is not a snowflake ID (a positive 64-bit integer)\n"),
         );
     };
-    let time =
-        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(fields.timestamp_ms));
+    let time = crate::engine::snowflake::format_instant(fields.timestamp_ms);
     Json(json!({
         "id": id.parse::<i64>().unwrap_or_default(),
         "timestamp_ms": fields.timestamp_ms,

@@ -219,24 +219,102 @@ impl LayoutRecord for Layout {
     }
 }
 
-/// An instant as users write it: UNIX milliseconds, or RFC 3339 in UTC
-/// (`2026-12-03T10:00:00Z`, `2026-12-03T10:00:00.250Z`).
+/// An instant as users write it: UNIX milliseconds, or an RFC 3339 timestamp with its offset
+/// (`2026-12-03T10:00:00Z`, `2026-12-03T10:00:00.250+02:00`, `…-05:30`), converted exactly
+/// (jiff); a fraction finer than a millisecond is cut to the millisecond holding the instant.
+/// A time without an offset names no instant and is refused.
 pub fn parse_instant(text: &str) -> Result<u64, String> {
     if let Ok(ms) = text.parse::<u64>() {
         return Ok(ms);
     }
-    humantime::parse_rfc3339_weak(text.trim_end_matches(['Z', 'z']))
+    let refused = |why: &str| {
+        format!(
+            "'{text}' is not a time: {why}; give UNIX milliseconds or RFC 3339 with an offset (2026-12-03T10:00:00Z, 2026-12-03T12:00:00.250+02:00)"
+        )
+    };
+    let instant = text.parse::<jiff::Timestamp>().map_err(|_| {
+        if text.parse::<jiff::civil::DateTime>().is_ok() {
+            refused("it has no offset (add Z for UTC)")
+        } else {
+            refused("it is not an RFC 3339 timestamp")
+        }
+    })?;
+    u64::try_from(instant.as_millisecond()).map_err(|_| refused("it is before 1970"))
+}
+
+/// UNIX milliseconds as RFC 3339 in UTC with milliseconds (`2026-12-03T10:00:00.250Z`), the
+/// form `parse_instant` reads back.
+pub fn format_instant(ms: u64) -> String {
+    i64::try_from(ms)
         .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .and_then(|d| u64::try_from(d.as_millis()).ok())
-        .ok_or_else(|| {
-            format!("'{text}' is not a time: give UNIX milliseconds or RFC 3339 in UTC (2026-12-03T10:00:00Z)")
-        })
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .map_or_else(
+            || format!("{ms} ms"),
+            |t| t.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formatted_instants_read_back() {
+        assert_eq!(
+            format_instant(1_796_292_000_250),
+            "2026-12-03T10:00:00.250Z"
+        );
+        assert_eq!(
+            format_instant(1_796_292_000_000),
+            "2026-12-03T10:00:00.000Z"
+        );
+        assert_eq!(
+            parse_instant(&format_instant(1_796_292_000_007)),
+            Ok(1_796_292_000_007)
+        );
+    }
+
+    #[test]
+    fn instants_are_read_with_their_offset() {
+        // 2026-12-03T10:00:00.250Z
+        let utc = 1_796_292_000_250;
+        for (text, ms) in [
+            ("2026-12-03T10:00:00.250Z", utc),
+            ("2026-12-03t10:00:00.250z", utc),
+            ("2026-12-03T12:00:00.250+02:00", utc),
+            ("2026-12-03T10:00:00.250+02:00", utc - 2 * 3_600_000),
+            ("2026-12-03T15:30:00.250+05:30", utc),
+            ("2026-12-03T04:30:00.250-05:30", utc),
+            ("2026-12-03T05:00:00.250-05:00", utc),
+            ("2026-12-03T10:00:00Z", utc - 250),
+            ("2026-12-03T12:00:00+02:00", utc - 250),
+            ("2026-12-03T10:00:00.2509Z", utc),
+            ("2026-12-03T10:00:00.25Z", utc),
+            ("1796292000250", utc),
+        ] {
+            assert_eq!(parse_instant(text), Ok(ms), "{text}");
+        }
+        let no_offset = parse_instant("2026-12-03T10:00:00.250").unwrap_err();
+        assert!(
+            no_offset.contains("it has no offset (add Z for UTC)"),
+            "{no_offset}"
+        );
+        for bad in [
+            "yesterday",
+            "2026-13-03T10:00:00Z",
+            "2026-12-03T10:00:00+26:00",
+            "",
+        ] {
+            let err = parse_instant(bad).unwrap_err();
+            assert!(
+                err.starts_with(&format!("'{bad}' is not a time: ")),
+                "{err}"
+            );
+        }
+        assert!(parse_instant("1969-12-31T23:59:59Z")
+            .unwrap_err()
+            .contains("before 1970"));
+    }
 
     #[test]
     fn decode_inverts_encode() {

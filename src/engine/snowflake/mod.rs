@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use crate::coord::IssueLimit;
-pub use layout::{parse_instant, Decoded, Layout};
+pub use layout::{format_instant, parse_instant, Decoded, Layout};
 
 use crate::clock::Clock;
 
