@@ -14,11 +14,30 @@ pub fn required_env(var: &str, test: &str) -> Option<String> {
         Ok(value) if !value.is_empty() => Some(value),
         _ => {
             // Written to the real stderr, not the captured test output, so a plain
-            // `cargo test` shows what it did not run.
+            // `cargo test` shows what it did not run; tests/zz_skipped.rs counts them.
             let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {var} is not set");
+            record_skip(test, var);
             None
         }
     }
+}
+
+/// Where this `cargo test` run's skips are written: one file per run, named after the cargo
+/// process that runs every test binary of it.
+pub fn skip_log() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "leafd-skipped-{}.log",
+        std::os::unix::process::parent_id()
+    ))
+}
+
+fn record_skip(test: &str, var: &str) {
+    let line = format!("{var}\t{test}\n");
+    let _ = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(skip_log())
+        .and_then(|mut log| log.write_all(line.as_bytes()));
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -40,8 +59,9 @@ impl Backend {
         required_env(self.env_var(), test).map(|url| url.trim_end_matches('/').to_string())
     }
 
-    /// Creates an empty database for one test and returns its URL.
-    pub async fn fresh_database(self, test: &str) -> Option<String> {
+    /// Creates an empty database for one test; it is dropped when the returned guard is (at the
+    /// end of the test, also when it fails).
+    pub async fn fresh_database(self, test: &str) -> Option<FreshDatabase> {
         let server = self.server_url(test)?;
         let name = unique_tag("leafd_t").replace('-', "_");
         match self {
@@ -66,7 +86,12 @@ impl Backend {
                     .unwrap();
             }
         }
-        Some(format!("{server}/{name}"))
+        Some(FreshDatabase {
+            backend: self,
+            url: format!("{server}/{name}"),
+            server,
+            name,
+        })
     }
 
     /// Runs one statement on a test database.
@@ -89,6 +114,67 @@ impl Backend {
             Backend::MySql
         } else {
             Backend::Postgres
+        }
+    }
+}
+
+/// A database one test created: derefs to its URL, and is dropped with the guard.
+pub struct FreshDatabase {
+    backend: Backend,
+    server: String,
+    name: String,
+    pub url: String,
+}
+
+impl std::ops::Deref for FreshDatabase {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.url
+    }
+}
+
+impl std::fmt::Display for FreshDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+impl Drop for FreshDatabase {
+    /// Drops the database from a thread of its own (the test's runtime may be the one
+    /// unwinding); connections a failed test left open are ended first (PostgreSQL's FORCE).
+    fn drop(&mut self) {
+        let (backend, server, name) = (self.backend, self.server.clone(), self.name.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                match backend {
+                    Backend::MySql => {
+                        let mut admin = sqlx::MySqlConnection::connect(&server).await.ok()?;
+                        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
+                            .execute(&mut admin)
+                            .await
+                            .ok()
+                            .map(drop)
+                    }
+                    Backend::Postgres => {
+                        let mut admin = sqlx::PgConnection::connect(&format!("{server}/postgres"))
+                            .await
+                            .ok()?;
+                        sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                            .execute(&mut admin)
+                            .await
+                            .ok()
+                            .map(drop)
+                    }
+                }
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(_))) {
+            eprintln!("could not drop the test database {}", self.name);
         }
     }
 }

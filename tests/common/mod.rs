@@ -35,6 +35,21 @@ pub struct TestServer {
     pub tls_settings: Vec<Arc<leafd::tls::TlsSettings>>,
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<Result<(), RunError>>>,
+    /// A state directory the harness made for this server ([`own_state_dir`]): removed when the
+    /// server is dropped, also when its test fails.
+    owned_state_dir: Option<std::path::PathBuf>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(dir) = self.owned_state_dir.take() {
+            let _ = std::fs::remove_dir_all(&dir);
+            // The per-process parent goes with its last server.
+            if let Some(parent) = dir.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+        }
+    }
 }
 
 impl TestServer {
@@ -58,6 +73,12 @@ impl TestServer {
     }
 
     async fn serve(app: Arc<App>) -> TestServer {
+        let state_dir = std::path::PathBuf::from(&app.context.config.storage.state_dir);
+        let owned_state_dir = state_dir
+            .parent()
+            .and_then(|p| p.file_name())
+            .is_some_and(|name| name.to_string_lossy() == state_parent_name())
+            .then_some(state_dir);
         let server = Server::with_app(app.clone()).await.expect("listeners bind");
         let addrs = server.addrs();
         let tls_settings = server.tls_settings();
@@ -73,6 +94,7 @@ impl TestServer {
             tls_settings,
             shutdown: Some(tx),
             handle: Some(handle),
+            owned_state_dir,
         }
     }
 
@@ -93,9 +115,13 @@ impl TestServer {
     }
 
     pub async fn client(&self) -> redis::aio::MultiplexedConnection {
+        // A loaded CI machine can take longer than the default half second to answer a long
+        // pipeline (8,999 INCRs loading one small segment after another).
+        let config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
         redis::Client::open(self.url())
             .unwrap()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .expect("client connects")
     }
@@ -142,7 +168,8 @@ pub fn own_state_dir(mut config: Config) -> Config {
         && config.storage.url != Config::default().storage.url;
     if config.storage.state_dir.is_empty() && !sqlite_file && config.snowflake.fence_file.is_empty()
     {
-        config.storage.state_dir = fresh_state_dir(&std::env::temp_dir());
+        config.storage.state_dir =
+            fresh_state_dir(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
     }
     config
 }
@@ -154,20 +181,26 @@ pub fn memory_state_dir() -> String {
     if shm.is_dir() {
         fresh_state_dir(shm)
     } else {
-        fresh_state_dir(&std::env::temp_dir())
+        fresh_state_dir(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")))
     }
 }
 
-/// A path under `base` no other server of this test process uses.
+/// The directory of this test process's server state directories (one per server), under
+/// cargo's `target/tmp` (or /dev/shm): a server stopped or dropped removes its own; what a
+/// server left running wrote after it was dropped goes at the end of the run
+/// (tests/zz_skipped.rs).
+fn state_parent_name() -> String {
+    format!("leafd-test-state-{}", std::process::id())
+}
+
+/// A path under `base` no other server of this test process uses; the server that uses it
+/// removes it when dropped (see [`TestServer`]).
 fn fresh_state_dir(base: &std::path::Path) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    base.join(format!(
-        "leafd-test-state-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
-    .display()
-    .to_string()
+    base.join(state_parent_name())
+        .join(NEXT.fetch_add(1, Ordering::Relaxed).to_string())
+        .display()
+        .to_string()
 }
 
 /// A config on a fresh SQLite file inside `dir`, with tags created through `[[segment.tags]]`.
