@@ -144,8 +144,9 @@ async fn reload_tls_on_hangup(settings: Vec<std::sync::Arc<leafd::tls::TlsSettin
 }
 
 /// Logs one line naming the cause (library errors already carry their sources' text) and exits 1.
+/// A fatal error: one line on stderr (not also a log line: logs go to stdout, where
+/// `check-config` prints its TOML), then exit 1.
 fn fail(err: &dyn std::fmt::Display) -> ! {
-    tracing::error!("{err}");
     eprintln!("leafd: {err}");
     std::process::exit(1)
 }
@@ -180,15 +181,28 @@ async fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Migrate) => {
-            let store = match leafd::storage::open(&config.storage, true).await {
-                Ok(store) => store,
-                Err(e) => fail(&format!(
-                    "cannot migrate {}: {e}",
-                    config.storage.redacted_url()
-                )),
-            };
-            store.close().await;
-            println!("schema of {} is up to date", config.storage.redacted_url());
+            let url = config.storage.redacted_url();
+            let mut before = None;
+            for migrate in [false, true] {
+                let store = match leafd::storage::open(&config.storage, migrate).await {
+                    Ok(store) => store,
+                    Err(e) => fail(&format!("cannot migrate {url}: {e}")),
+                };
+                let version = store.schema_version().await;
+                store.close().await;
+                if !migrate {
+                    before = version;
+                    continue;
+                }
+                let now = version.map_or("none".into(), |v| v.to_string());
+                match before {
+                    Some(b) if Some(b) == version => {
+                        println!("schema of {url} is up to date (migration {now})")
+                    }
+                    Some(b) => println!("migrated {url} from migration {b} to {now}"),
+                    None => println!("created the schema in {url} (migrations 1 to {now})"),
+                }
+            }
             return Ok(());
         }
         Some(Command::Serve) | None => {}

@@ -24,7 +24,16 @@ fn flags_work_after_the_subcommand_and_migrate_creates_the_schema() {
     let url = format!("sqlite://{}/leafd.db", dir.path().display());
     let (code, out, err) = leafd(&["migrate", "--storage-url", &url]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(out, format!("schema of {url} is up to date\n"));
+    assert_eq!(
+        out,
+        format!("created the schema in {url} (migrations 1 to 7)\n")
+    );
+    let (code, out, err) = leafd(&["migrate", "--storage-url", &url]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        format!("schema of {url} is up to date (migration 7)\n")
+    );
     let (code, _, err) = leafd(&[
         "migrate",
         "--storage-url",
@@ -109,4 +118,65 @@ fn a_kubernetes_service_link_in_leafd_port_is_ignored() {
     );
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(shown.contains("bind = \"127.0.0.1:6380\""), "{shown}");
+}
+
+#[test]
+fn start_errors_are_one_line_on_stderr_naming_their_cause() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_leafd"))
+            .args(args)
+            .env_remove("RUST_BACKTRACE")
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // A data directory that cannot be made: the path and the cause, at once (not retried).
+    let (code, out, err) = run(&["migrate", "--storage-url", "sqlite:///dev/null/leafd/x.db"]);
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("leafd: cannot migrate sqlite:///dev/null/leafd/x.db: cannot create directory /dev/null/leafd for the SQLite database: Not a directory"),
+        "{err}"
+    );
+    assert!(
+        !out.contains("ERROR"),
+        "the error is not logged a second time: {out}"
+    );
+    // A database file that cannot be opened (also as root: nothing can be created in /proc).
+    let (code, _, err) = run(&["migrate", "--storage-url", "sqlite:///proc/leafd-test.db"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cannot open the SQLite database /proc/leafd-test.db: ")
+            && err.contains("unable to open database file"),
+        "{err}"
+    );
+    // Nothing listening: said as such, not "pool timed out".
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("mysql://root@127.0.0.1:{port}/leafd");
+    let (code, _, err) = run(&["migrate", "--storage-url", &url]);
+    assert_eq!(code, 1);
+    assert!(err.contains("Connection refused"), "{err}");
+    // A config error, with logs on: one line on stderr, nothing on stdout.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(&file, "[server]\nmax_clients = \"lots\"\n").unwrap();
+    let (code, out, err) = run(&["check-config", "--config", file.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert_eq!(out, "", "no TOML and no log line on stdout");
+    assert_eq!(
+        err,
+        format!(
+            "leafd: invalid config file {}, line 2, column 15: server.max_clients: invalid type: string \"lots\", expected usize\n",
+            file.display()
+        )
+    );
 }

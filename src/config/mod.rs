@@ -110,16 +110,29 @@ impl Config {
 
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| {
-            let at = e.span().map_or_else(String::new, |span| {
-                let before = &text[..span.start.min(text.len())];
+            let start = e.span().map(|span| span.start.min(text.len()));
+            let at = start.map_or_else(String::new, |start| {
+                let before = &text[..start];
                 let line = before.matches('\n').count() + 1;
                 let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
                 format!(", line {line}, column {column}")
             });
+            let message = e.message().trim().replace('\n', " ");
+            // serde names the type, not the key: the key is read off the line the error
+            // points at, with the table it sits in.
+            let message = match start.and_then(|start| key_at(text, start)) {
+                Some(key)
+                    if !message
+                        .contains(&format!("`{}`", key.rsplit('.').next().unwrap_or(&key))) =>
+                {
+                    format!("{key}: {message}")
+                }
+                _ => message,
+            };
             ConfigError::Parse {
                 path: "<inline>".into(),
                 at,
-                message: e.message().trim().replace('\n', " "),
+                message,
             }
         })
     }
@@ -173,6 +186,34 @@ impl Config {
     }
 }
 
+/// The dotted key whose value starts at byte `offset` of a TOML text (`server.max_clients`):
+/// the bare key left of `=` on that line, under the last `[table]` or `[[array]]` header above
+/// it; `None` when the line holds no `key =`.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next()?;
+    let (key, _) = line.split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('#') {
+        return None;
+    }
+    let table = text[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|header| {
+            header
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_string()
+        });
+    Some(match table {
+        Some(table) => format!("{table}.{key}"),
+        None => key.to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +244,24 @@ mod tests {
             Config::from_toml("[server]\nbindd = \"x\""),
             Err(ConfigError::Parse { .. })
         ));
+        let err = Config::from_toml("[server]\nbind = \"x:1\"\nmax_clients = \"lots\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(", line 3, column 15: server.max_clients: invalid type: string \"lots\""),
+            "{err}"
+        );
+        let err = Config::from_toml("[[segment.tags]]\ntag = \"a\"\nstep = \"ten\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(": segment.tags.step: invalid type"), "{err}");
+        let err = Config::from_toml("[server]\nbindd = \"x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2, column 1: unknown field `bindd`"),
+            "{err}"
+        );
         let cfg = Config::from_toml("[[segment.tags]]\ntag = \"a\"\nstep = 0").unwrap();
         let err = cfg.validate().unwrap_err().to_string();
         assert!(err.contains("step must be between 1 and"), "{err}");

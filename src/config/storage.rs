@@ -44,8 +44,10 @@ impl StorageConfig {
         if !self.state_dir.is_empty() {
             return self.state_dir.clone().into();
         }
+        // `sqlite:/abs/x.db` names the same file as `sqlite:///abs/x.db`, as the store reads it.
         self.url
             .strip_prefix("sqlite://")
+            .or_else(|| self.url.strip_prefix("sqlite:"))
             .map(|rest| rest.split('?').next().unwrap_or(rest))
             .filter(|path| !path.is_empty() && !path.starts_with(':'))
             .map(|path| {
@@ -181,6 +183,21 @@ impl StorageConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_state_directory_is_the_sqlite_files_however_the_url_is_written() {
+        let state = |url: &str| {
+            StorageConfig {
+                url: url.into(),
+                ..StorageConfig::default()
+            }
+            .state_dir()
+        };
+        assert_eq!(state("sqlite:///abs/x.db"), std::path::Path::new("/abs"));
+        assert_eq!(state("sqlite:/abs/x.db"), std::path::Path::new("/abs"));
+        assert_eq!(state("sqlite://rel/x.db"), std::path::Path::new("rel"));
+        assert_eq!(state("mysql://h/db"), std::path::Path::new("data"));
+    }
 
     #[test]
     fn unknown_url_options_are_refused() {

@@ -65,6 +65,25 @@ where
 /// ("no transaction is active") and its transaction depth stays at one, so the connection's next
 /// "transaction" would be a savepoint whose release commits nothing, while the connection holds
 /// the database's write lock against every other node.
+/// Opens the pool of a server database. A pool that cannot connect retries until its acquire
+/// timeout and then says only "pool timed out": one direct attempt then names the cause
+/// (connection refused, unknown host, a TLS or password failure).
+pub(crate) async fn connect_pool<DB: Database>(
+    config: &StorageConfig,
+    options: <DB::Connection as sqlx::Connection>::Options,
+) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+    match pool_options::<DB>(config)
+        .connect_with(options.clone())
+        .await
+    {
+        Err(sqlx::Error::PoolTimedOut) => match sqlx::ConnectOptions::connect(&options).await {
+            Err(cause) => Err(cause),
+            Ok(_) => Err(sqlx::Error::PoolTimedOut),
+        },
+        result => result,
+    }
+}
+
 pub(crate) fn pool_options<DB: Database>(config: &StorageConfig) -> PoolOptions<DB> {
     PoolOptions::new()
         .max_connections(config.max_connections)

@@ -131,6 +131,14 @@ macro_rules! sql_segment_store {
             .await
         }
 
+        async fn schema_version(&self) -> Option<i64> {
+            sqlx::query_scalar::<_, Option<i64>>("SELECT MAX(version) FROM _sqlx_migrations")
+                .fetch_one(&self.pool)
+                .await
+                .ok()
+                .flatten()
+        }
+
         fn backend(&self) -> &'static str {
             $backend
         }

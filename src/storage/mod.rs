@@ -106,6 +106,10 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// A file or directory the store needs cannot be made or opened (a permission, a read-only
+    /// file system): the message names the path and the cause. It does not pass by itself.
+    #[error("{0}")]
+    FileAccess(String),
     /// The node's segment marks exist but none can be read: the message says what to do.
     #[error("{0}")]
     MarksUnreadable(String),
@@ -245,6 +249,12 @@ pub trait SegmentStore: Send + Sync + 'static {
 
     /// Changes a tag's stored step; [`StoreError::UnknownTag`] if absent.
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError>;
+
+    /// The newest schema migration applied to the database (`None`: none, or no migration
+    /// table), so `leafd migrate` can say what it did.
+    async fn schema_version(&self) -> Option<i64> {
+        None
+    }
 
     /// A short name of the backend for logs and INFO (`sqlite`, `mysql`, `postgres`, `memory`).
     fn backend(&self) -> &'static str;

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
 use sqlx::Row;
 
-use super::committed::pool_options;
+use super::committed::connect_pool;
 use super::{LeafAlloc, StoreError};
 use crate::config::StorageConfig;
 
@@ -18,7 +18,7 @@ impl MySqlStore {
     /// Connects (failing fast on a bad URL or credentials) and migrates when asked to.
     pub async fn open(config: &StorageConfig, migrate: bool) -> Result<MySqlStore, StoreError> {
         let options = MySqlConnectOptions::from_str(&config.url)?;
-        let pool = pool_options(config).connect_with(options).await?;
+        let pool = connect_pool(config, options).await?;
         if migrate {
             super::migrate::mysql(&pool, sqlx::migrate!("./migrations/mysql")).await?;
         }

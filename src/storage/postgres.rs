@@ -6,7 +6,7 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::Row;
 
-use super::committed::pool_options;
+use super::committed::connect_pool;
 use super::{LeafAlloc, StoreError};
 use crate::config::StorageConfig;
 
@@ -18,7 +18,7 @@ impl PostgresStore {
     /// Connects (failing fast on a bad URL or credentials) and migrates when asked to.
     pub async fn open(config: &StorageConfig, migrate: bool) -> Result<PostgresStore, StoreError> {
         let options = PgConnectOptions::from_str(&config.url)?;
-        let pool = pool_options(config).connect_with(options).await?;
+        let pool = connect_pool(config, options).await?;
         if migrate {
             // sqlx holds pg_advisory_lock (which blocks) around the migrations: nodes
             // starting at once wait for each other.

@@ -27,7 +27,7 @@ impl SqliteStore {
             .filter(|d| !d.as_os_str().is_empty() && !d.exists())
         {
             std::fs::create_dir(dir).map_err(|e| {
-                StoreError::Unavailable(format!(
+                StoreError::FileAccess(format!(
                     "cannot create directory {} for the SQLite database: {e}",
                     dir.display()
                 ))
@@ -50,7 +50,13 @@ impl SqliteStore {
                     attempts += 1;
                     tokio::time::sleep(Duration::from_millis(20 + fastrand::u64(..60))).await;
                 }
-                result => break result?,
+                Err(e) => {
+                    return Err(StoreError::FileAccess(format!(
+                        "cannot open the SQLite database {}: {e}",
+                        path.display()
+                    )))
+                }
+                Ok(pool) => break pool,
             }
         };
         if migrate {

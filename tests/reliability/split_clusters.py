@@ -29,7 +29,8 @@ The procedure's premise is checked too: each cluster's max_id as LEAF.TAGS shows
 above every ID that cluster served, or a start computed from it (as documented) can let the other
 cluster repeat IDs. The start actually used is the highest of LEAF.TAGS's max_ids, each
 database's max_id read directly and the highest ID collected, plus 1, so the later checks stay
-meaningful when that premise fails (--stale-tags-ok reports it without failing).
+meaningful when that premise fails (--stale-tags-ok reports it without failing;
+--documented-start uses LEAF.TAGS's figure alone, to show what it does).
 
 Every refusal is parsed ("recorded as <R> and this node's <M>"): M must be the node's own
 split and R the split its table records (or recorded before a SPLIT, until the node's back-off
@@ -43,7 +44,7 @@ A (2/0) INCRBY dc 500, B (2/1) INCR; both restarted with delta 3, A r1, B r2; 20
 each; B's IDs that A had served are counted.
 
 usage: split_clusters.py LEAFD_BIN [--mysql mysql://root@127.0.0.1:3306] [--previous PREV_BIN]
-                         [--stale-tags-ok] [--keep]
+                         [--stale-tags-ok] [--documented-start] [--keep]
 Loopback only; the databases (or SQLite files) are created fresh and dropped at the end, also on
 failure. About 60 s (2 cores).
 """
@@ -71,6 +72,10 @@ import leafd  # noqa: E402
 
 TAG = "dc"
 STEP = 10
+# The adaptive step doubles up to segment.max_step: capped at 200 positions, the nodes keep
+# allocating (each allocation checks the split), and an INCRBY 150 (300 positions at delta 2)
+# or 60 at delta 4 is reserved directly in the database (the block path checks it too).
+MAX_STEP = 200
 CLIENTS = 3               # per node: 2 of INCR, 1 of INCR mixed with INCRBY 7/40/60/150
 BATCH = 8                 # commands per pipelined batch
 BLOCKS = (7, 40, 60, 150)
@@ -195,7 +200,7 @@ class Slot:
     def start(self, delta, remainder, phase):
         """A new process (new port, the same directory, so its high-water marks stay) with this
         split; waits until it answers PING."""
-        config = {"segment": {"id_delta": delta, "id_remainder": remainder}}
+        config = {"segment": {"id_delta": delta, "id_remainder": remainder, "max_step": MAX_STEP}}
         node = leafd.Node(self.binary, self.work, self.name, self.db.url, config=config)
         gen = Generation(self, node, delta, remainder, phase, len(self.gens) + 1)
         self.gens.append(gen)
@@ -339,8 +344,9 @@ def parse_refusal(text):
 
 
 class Scenario:
-    def __init__(self, binary, work, mysql, stale_tags_ok):
+    def __init__(self, binary, work, mysql, stale_tags_ok, documented_start=False):
         self.binary, self.work, self.mysql, self.stale_tags_ok = binary, work, mysql, stale_tags_ok
+        self.documented_start = documented_start
         self.dbs = {c: Database(c, work, mysql) for c in "AB"}
         self.slots = {}
         self.clients = []
@@ -382,6 +388,7 @@ class Scenario:
         """Prints the phase's figures (IDs kept since the previous summary, per cluster) and
         checks every ID kept so far, both clusters and all phases together."""
         total, repeats, examples = repeats_of(self.gens())
+        extra = extra() if callable(extra) else extra
         now = {c: (sum(len(g.ids) for g in self.gens(c)), sum(len(g.refusals) for g in self.gens(c)),
                    sum(sum(g.other_errors.values()) for g in self.gens(c))) for c in "AB"}
         d = {c: [a - b for a, b in zip(now[c], self.counted.get(c, (0, 0, 0)))] for c in "AB"}
@@ -463,7 +470,10 @@ class Scenario:
         a2.stop_gracefully()
         gen_a2 = self.start(a2, 4, 2, 2, allowed=("4:0",))
         print(f"  A2 (2/0) before its restart: {len(wider.refusals)} refusals after the narrowing"
-              + (f", e.g. {wider.refusals[0][1][:140]!r}" if wider.refusals else ""), flush=True)
+              + (f", e.g. {wider.refusals[0][1][:200]!r}" if wider.refusals else ""), flush=True)
+        if not any("4:0 and this node's 2:0" in text for _, text in wider.refusals):
+            self.fail(f"A2, still 2/0, was not refused in the {PHASE2_SETTLE} s after A1 narrowed the record "
+                      f"to 4:0 (the rule: refused from its next allocation)")
         deadline = time.monotonic() + 10
         while not gen_a2.refusals and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -482,7 +492,7 @@ class Scenario:
         row = self.dbs["A"].row()
         if row[1] != "4:0":
             self.fail(f"at the end of phase 2 A's table records split {row[1]!r}, not '4:0'")
-        self.phase_summary(2, f"; A2 (4/2) refused {len(gen_a2.refusals)} times, served {len(gen_a2.ids)}")
+        self.phase_summary(2, lambda: f"; A2 (4/2) refused {len(gen_a2.refusals)} times, served {len(gen_a2.ids)}")
 
     def phase3(self):
         print("phase 3: every node restarted (SIGKILL) with delta 3: A 3/1, B 3/2", flush=True)
@@ -534,6 +544,8 @@ class Scenario:
                     self.fail(text)
         documented = max(tags_max.values()) + 1
         self.start_id = max(max(tags_max.values()), max(db_max.values()), max(served_max.values())) + 1
+        if self.documented_start:
+            self.start_id = documented
         print(f"  start from LEAF.TAGS alone: {documented}; start used: {self.start_id}", flush=True)
         for c, (delta, remainder) in splits.items():
             self.split_sent[c].set()
@@ -709,6 +721,10 @@ def main():
                         help="only the minimal case, on PREV_BIN (must repeat) and LEAFD_BIN (must refuse)")
     parser.add_argument("--stale-tags-ok", action="store_true",
                         help="report, without failing, a LEAF.TAGS max_id below IDs its cluster served")
+    parser.add_argument("--documented-start", action="store_true",
+                        help="use start = the highest LEAF.TAGS max_id + 1, as documented, even when it is "
+                             "below IDs served (shows what that start does; expect repeats while LEAF.TAGS "
+                             "is stale)")
     parser.add_argument("--keep", action="store_true", help="keep the nodes' logs")
     args = parser.parse_args()
     args.binary = os.path.abspath(args.binary)
@@ -722,7 +738,7 @@ def main():
         if args.previous:
             failures = previous_mode(args, work)
         else:
-            scenario = Scenario(args.binary, work, args.mysql, args.stale_tags_ok)
+            scenario = Scenario(args.binary, work, args.mysql, args.stale_tags_ok, args.documented_start)
             try:
                 scenario.run()
             finally:
