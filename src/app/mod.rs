@@ -290,7 +290,9 @@ impl App {
                 _ = self.background.cancelled() => return,
                 _ = tokio::time::sleep(backoff) => {}
             }
-            backoff = (backoff * 2).min(Duration::from_secs(10));
+            // Capped at a second: a node serves again within about a second of the database's
+                        // return, one connection attempt per second while it is down.
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
 
@@ -319,7 +321,9 @@ impl App {
                     }
                     Err(e) if e.is_transient() => {
                         deferred.set_error(e.to_string());
-                        backoff = (backoff * 2).min(Duration::from_secs(10));
+                        // Capped at a second: a node serves again within about a second of the database's
+                        // return, one connection attempt per second while it is down.
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "database refused leafd; segment commands stay UNAVAILABLE until the configuration is fixed");

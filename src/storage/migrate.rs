@@ -38,7 +38,19 @@ pub(super) async fn mysql(pool: &MySqlPool, migrator: Migrator) -> Result<(), St
     }
     let mut migrator = migrator;
     migrator.set_locking(false);
-    let result = migrator.run_direct(&mut *conn).await;
+    // On Galera the lock is held only on the member that granted it: a node on another member
+    // migrates at the same time. Its losses are a duplicate version row, a deadlock or
+    // certification failure, or the other node's row still marked in progress ("partially
+    // applied"): each is waited out and the run repeated, which then finds the schema current.
+    let mut result = migrator.run_direct(&mut *conn).await;
+    while let Err(e) = &result {
+        if !lost_mysql_race(e) || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tracing::debug!(error = %e, "another node migrates at the same time; checking again");
+        tokio::time::sleep(Duration::from_millis(100 + fastrand::u64(..200))).await;
+        result = migrator.run_direct(&mut *conn).await;
+    }
     // Released with the session anyway if this fails.
     let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
         .bind(name)
@@ -62,6 +74,22 @@ pub(super) async fn sqlite(pool: &SqlitePool, migrator: Migrator) -> Result<(), 
             }
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+/// An error a concurrent migration by a node on another Galera member causes: a duplicate
+/// version row (1062), a deadlock or certification failure (1213), a lock wait (1205), a
+/// member not ready (1047), a table or column the other node just made (1050, 1060), or its
+/// version row still in progress (dirty). A dirty row that stays past the wait is a migration
+/// that really failed half-way, and is reported as sqlx reports it.
+fn lost_mysql_race(e: &MigrateError) -> bool {
+    match e {
+        MigrateError::Dirty(_) => true,
+        MigrateError::Execute(sqlx::Error::Database(db))
+        | MigrateError::ExecuteMigration(sqlx::Error::Database(db), _) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|m| matches!(m.number(), 1047 | 1050 | 1060 | 1062 | 1205 | 1213)),
+        _ => false,
     }
 }
 

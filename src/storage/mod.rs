@@ -136,7 +136,8 @@ impl StoreError {
     }
 
     /// True for a clash with a concurrent transaction that a retry resolves: a deadlock or
-    /// serialization failure (SQLSTATE 40001, 40P01; MySQL 1213) or a unique-key race.
+    /// serialization failure (SQLSTATE 40001, 40P01; MySQL 1213; TiDB's optimistic write
+    /// conflict 9007) or a unique-key race.
     pub fn is_conflict(&self) -> bool {
         match self {
             StoreError::Database(sqlx::Error::Database(db))
@@ -147,7 +148,7 @@ impl StoreError {
                         .is_some_and(|c| matches!(c.as_ref(), "40001" | "40P01"))
                     || db
                         .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                        .is_some_and(|m| m.number() == 1213)
+                        .is_some_and(|m| matches!(m.number(), 1213 | 9007))
             }
             _ => false,
         }
@@ -168,10 +169,16 @@ impl StoreError {
 /// starting up, shutting down), 25006 (read-only transaction: a standby or a demoted primary),
 /// 55000 (PostgreSQL's "recovery is in progress"), 40001 and 40P01 (serialization failure,
 /// deadlock; Galera's certification failure); MySQL/MariaDB's 1205 (lock wait timeout), 1290
-/// (`--read-only`), 1047 (WSREP has not yet prepared the node) and 1792 (read-only transaction).
+/// (`--read-only`), 1047 (WSREP has not yet prepared the node), 1180 (Galera: a streaming
+/// replication fragment could not be appended, seen during a state transfer) and 1792
+/// (read-only transaction); TiDB's 8022 (a KV error safe to retry), 8028 (the schema changed
+/// under the transaction) and 9007 (optimistic write conflict at COMMIT).
 fn taking_over(db: &dyn sqlx::error::DatabaseError) -> bool {
     if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        if matches!(mysql.number(), 1047 | 1205 | 1213 | 1290 | 1792) {
+        if matches!(
+            mysql.number(),
+            1047 | 1180 | 1205 | 1213 | 1290 | 1792 | 8022 | 8028 | 9007
+        ) {
             return true;
         }
     }

@@ -1,5 +1,13 @@
 //! Registration in Leaf-snowflake's ZooKeeper tree: finding or creating this node's
 //! `forever/{endpoint}-{id}`, taking `alive/{id}` as the lock, reusing long-dead ids, clock skew.
+//!
+//! Leaf nodes share the tree (`root = "/snowflake"`, `cluster = leaf.name`) and, when they start,
+//! split EVERY child of `forever` on '-' (`key.split("-")`: `[0]` the endpoint, `[1]` parsed as
+//! an int), so a '-' in a child's endpoint (a host name such as `leafd-1`) makes every Leaf node
+//! fail to start (`NumberFormatException`, then "Snowflake Id Gen is not init ok", or a start from
+//! its cache file that never reports to ZooKeeper). The endpoint part of a name is therefore
+//! encoded ([`child_endpoint`]): '%' as `%25`, '-' as `%2D`; a name written before the encoding
+//! still parses, and is renamed when its node starts ([`Registry::adopt_name`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,10 +71,42 @@ pub(super) fn persistent() -> zookeeper_client::CreateOptions<'static> {
     CreateMode::Persistent.with_acls(Acls::anyone_all())
 }
 
-/// Splits a `forever` child `{endpoint}-{id}` into its parts.
-pub(super) fn parse_child(child: &str) -> Option<(&str, u64)> {
+/// The endpoint as written in a `forever` child's name: no '-' (Leaf's separator), reversible,
+/// so distinct endpoints keep distinct names. An endpoint without '-' or '%' (an `ip:port`, what
+/// Leaf writes) is unchanged.
+pub(super) fn child_endpoint(endpoint: &str) -> String {
+    endpoint.replace('%', "%25").replace('-', "%2D")
+}
+
+/// The endpoint of a child name's endpoint part: `%2D` and `%25` decoded (the inverse of
+/// [`child_endpoint`]), any other text kept as it is (a name written before the encoding:
+/// `leafd-1:6380`).
+fn decode_endpoint(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    let mut rest = part;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let escape = &rest[at..];
+        if let Some(after) = escape.strip_prefix("%2D") {
+            out.push('-');
+            rest = after;
+        } else if let Some(after) = escape.strip_prefix("%25") {
+            out.push('%');
+            rest = after;
+        } else {
+            out.push('%');
+            rest = &escape[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Splits a `forever` child `{endpoint}-{id}` into the endpoint (decoded) and the id; the id is
+/// what follows the last '-', so a name written before the encoding parses too.
+pub(super) fn parse_child(child: &str) -> Option<(String, u64)> {
     let (endpoint, id) = child.rsplit_once('-')?;
-    Some((endpoint, id.parse().ok()?))
+    Some((decode_endpoint(endpoint), id.parse().ok()?))
 }
 
 impl Registry {
@@ -86,8 +126,44 @@ impl Registry {
         format!("{}/{id}", self.alive)
     }
 
+    /// This node's child for `id`, named as Leaf can parse it.
     pub fn own_child(&self, id: u64) -> String {
-        format!("{}-{id:010}", self.endpoint)
+        format!("{}-{id:010}", child_endpoint(&self.endpoint))
+    }
+
+    /// Leaves this node's `forever` child for `id` under its own name ([`Registry::own_child`])
+    /// and removes the other names it had (`names`: every child of this endpoint and id, e.g.
+    /// `leafd-1:6380-0000000003` written before names were encoded, which stops Leaf nodes from
+    /// starting). An older name's data is copied first, so the id stays recorded at every moment
+    /// (a crash in between leaves both names; the next start finishes). Called with `alive/{id}`
+    /// held, so no other leafd node uses these children meanwhile.
+    pub async fn adopt_name(
+        &self,
+        client: &Client,
+        id: u64,
+        names: &[String],
+    ) -> Result<String, ZkError> {
+        let own = self.own_child(id);
+        if !names.contains(&own) {
+            if let Some(old) = names.first() {
+                let (data, _) = client.get_data(&self.forever_path(old)).await?;
+                match client
+                    .create(&self.forever_path(&own), &data, &persistent())
+                    .await
+                {
+                    Ok(_) | Err(ZkError::NodeExists) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for old in names.iter().filter(|name| **name != own) {
+            match client.delete(&self.forever_path(old), None).await {
+                Ok(()) | Err(ZkError::NoNode) => {}
+                Err(e) => return Err(e),
+            }
+            tracing::info!(worker_id = id, old = %old, new = %own, "renamed this node's ZooKeeper node to a name Leaf can parse");
+        }
+        Ok(own)
     }
 
     /// How far ahead of the clock this node's fence is written into ZooKeeper.
@@ -184,25 +260,28 @@ impl Registry {
         let children = client.list_children(&self.forever).await?;
 
         // 1. This endpoint registered before: reuse its id, unless another live session (a
-        //    second node configured with the same identity) holds it.
-        let mut own: Vec<(u64, String)> = children
-            .iter()
-            .filter_map(|child| {
-                parse_child(child)
-                    .filter(|(endpoint, _)| *endpoint == self.endpoint)
-                    .map(|(_, id)| (id, child.clone()))
-            })
-            .collect();
-        own.sort();
-        for (id, child) in own {
+        //    second node configured with the same identity) holds it. One id may have two
+        //    names (its name before the encoding, and the encoded one).
+        let mut own: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+        for child in &children {
+            if let Some((endpoint, id)) = parse_child(child) {
+                if endpoint == self.endpoint {
+                    own.entry(id).or_default().push(child.clone());
+                }
+            }
+        }
+        for (id, names) in own {
             if id > self.max_worker_id {
                 continue;
             }
-            let floor_ms = self
-                .read(client, &self.forever_path(&child))
-                .await?
-                .map_or(0, |(data, _)| data.floor());
+            let mut floor_ms = 0;
+            for name in &names {
+                if let Some((data, _)) = self.read(client, &self.forever_path(name)).await? {
+                    floor_ms = floor_ms.max(data.floor());
+                }
+            }
             if self.claim_alive(client, id, previous_session).await? == Claim::Claimed {
+                let child = self.adopt_name(client, id, &names).await?;
                 return Ok(Registered {
                     id,
                     child,
@@ -218,13 +297,13 @@ impl Registry {
 
         // 2. A new sequential node: ZooKeeper's sequence number is the worker id, never used.
         let now = self.clock.now_millis();
-        let prefix = self.forever_path(&format!("{}-", self.endpoint));
+        let prefix = self.forever_path(&format!("{}-", child_endpoint(&self.endpoint)));
         let sequential = CreateMode::PersistentSequential.with_acls(Acls::anyone_all());
         let (_, seq) = client
             .create(&prefix, &self.data(0, now, 0), &sequential)
             .await?;
         let seq = seq.into_i64();
-        let child = format!("{}-{seq:010}", self.endpoint);
+        let child = format!("{}-{seq:010}", child_endpoint(&self.endpoint));
         if seq >= 0 && (seq as u64) <= self.max_worker_id {
             let id = seq as u64;
             client
@@ -398,13 +477,75 @@ mod tests {
     fn parses_forever_children() {
         assert_eq!(
             parse_child("10.0.0.1:6380-0000000042"),
-            Some(("10.0.0.1:6380", 42))
+            Some(("10.0.0.1:6380".to_string(), 42))
         );
         assert_eq!(
             parse_child("[::1]:6380-0000000001"),
-            Some(("[::1]:6380", 1))
+            Some(("[::1]:6380".to_string(), 1))
         );
         assert_eq!(parse_child("garbage"), None);
+        // A name written before the encoding, and the same endpoint encoded.
+        assert_eq!(
+            parse_child("leafd-1:6380-0000000003"),
+            Some(("leafd-1:6380".to_string(), 3))
+        );
+        assert_eq!(
+            parse_child("leafd%2D1:6380-0000000003"),
+            Some(("leafd-1:6380".to_string(), 3))
+        );
+    }
+
+    /// What Leaf's SnowflakeZookeeperHolder does with every child of `forever`: split on '-',
+    /// `[0]` the endpoint, `[1]` Integer.parseInt (Java's split drops trailing empty strings).
+    fn leaf_parse(child: &str) -> Option<(&str, i32)> {
+        let mut parts: Vec<&str> = child.split('-').collect();
+        while parts.last() == Some(&"") {
+            parts.pop();
+        }
+        // Java also takes a leading '+'; a '-' cannot be left in a part after the split.
+        let id = parts.get(1)?.trim_start_matches('+');
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some((parts[0], id.parse().ok()?))
+    }
+
+    #[test]
+    fn leaf_parses_every_name_leafd_writes() {
+        for endpoint in [
+            "10.0.0.1:6380",
+            "leafd-1:6380",
+            "leafd-0.leafd-headless.ns-1.svc:6380",
+            "[fe80::1%eth0]:6380",
+            "a%2Db:1",
+            "--:-",
+        ] {
+            let name = format!("{}-{:010}", child_endpoint(endpoint), 7);
+            let (leaf_endpoint, leaf_id) = leaf_parse(&name).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!(leaf_id, 7, "{name}");
+            assert!(!leaf_endpoint.contains('-'), "{name}");
+            assert_eq!(
+                parse_child(&name),
+                Some((endpoint.to_string(), 7)),
+                "leafd reads back its own endpoint from {name}"
+            );
+        }
+        // Leaf's own names are left as they are and read as Leaf wrote them.
+        assert_eq!(child_endpoint("192.168.1.5:8080"), "192.168.1.5:8080");
+        assert_eq!(
+            parse_child("192.168.1.5:8080-0000000000"),
+            Some(("192.168.1.5:8080".to_string(), 0))
+        );
+        // What the encoding prevents: Leaf cannot parse the old name of a host with '-'.
+        assert_eq!(leaf_parse("leafd-1:6380-0000000003"), None);
+    }
+
+    #[test]
+    fn distinct_endpoints_get_distinct_names() {
+        let endpoints = ["a-b:1", "a%2Db:1", "a%b:1", "a%25b:1", "a_b:1", "ab:1"];
+        let names: std::collections::HashSet<String> =
+            endpoints.into_iter().map(child_endpoint).collect();
+        assert_eq!(names.len(), endpoints.len(), "{names:?}");
     }
 
     #[test]

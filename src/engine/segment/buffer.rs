@@ -190,9 +190,13 @@ pub struct BufferState {
     pub floor: i64,
 }
 
-/// Shortest and longest pause between failed loads of one tag.
+/// Shortest and longest pause between failed loads of one tag: a tag is loaded again within a
+/// second of the database accepting writes (a failover, a switchover), at the cost of one
+/// allocation attempt per second per tag in demand while it does not.
 pub const MIN_BACKOFF_MS: u64 = 100;
-pub const MAX_BACKOFF_MS: u64 = 5_000;
+pub const MAX_BACKOFF_MS: u64 = 1_000;
+/// The pause after a tag reached the end of its IDs, which does not pass by itself.
+pub const EXHAUSTED_BACKOFF_MS: u64 = 5_000;
 
 impl BufferState {
     /// Takes `n` contiguous IDs from the current segment, switching to the next segment when the
@@ -267,7 +271,7 @@ impl BufferState {
     pub fn record_failure(&mut self, failure: LoadFailure, now_ms: u64) {
         self.backoff_ms = if matches!(failure, LoadFailure::Exhausted) {
             // The end of the tag's IDs does not pass: ask again only rarely.
-            MAX_BACKOFF_MS
+            EXHAUSTED_BACKOFF_MS
         } else {
             (self.backoff_ms * 2).clamp(MIN_BACKOFF_MS, MAX_BACKOFF_MS)
         };
