@@ -124,6 +124,10 @@ impl SegmentEngine {
         }
         let interleave = buffer.lock().interleave;
         if let Err(refused) = self.split_check(&buffer.name, interleave, &alloc).await? {
+            // LEAF.TAGS shows the table's max_id even while the tag is refused: the re-split
+            // procedure reads it to choose a start above everything this cluster served.
+            let mut st = buffer.lock();
+            st.max_id = st.max_id.max(alloc.max_id);
             return Ok(Err(refused));
         }
         Ok(self.guard(&buffer.name, &alloc).await.map(|()| alloc))
@@ -177,8 +181,8 @@ impl SegmentEngine {
             };
             LoadFailure::Unavailable(
                 format!(
-                    "IDs refused: the tag's split is recorded as {recorded} and this node's {}:{} is not inside it, so it could repeat IDs another cluster served; once every node runs the new split, run LEAF.TAG SPLIT {tag} {} {} <start> in every cluster, with <start> above every cluster's max_id",
-                    mine.delta, mine.remainder, mine.delta, mine.remainder
+                    "IDs refused: the tag's split is recorded as {recorded} and this node's {}:{} is not inside it, so it could repeat IDs another cluster served; once every node runs the new split, run LEAF.TAG SPLIT {tag} {} {} <start> in every cluster, with <start> above every cluster's max_id (this cluster's is {})",
+                    mine.delta, mine.remainder, mine.delta, mine.remainder, alloc.max_id
                 )
                 .into(),
             )
