@@ -10,8 +10,9 @@ both clusters together:
            client threads per node, 3 times a node of each cluster SIGKILLed and restarted under
            load. A's IDs even, B's odd, each connection's IDs increasing, 0 repeats, no error.
   phase 2  a permitted change: A1 restarted (SIGTERM) with 4/0 under load: it narrows A's
-           recorded split to 4:0 (read back from A's table). A2, still 2/0, may be refused
-           from its next allocation (it serves what it holds). A2 restarted with 4/2: only one
+           recorded split to 4:0 (read back from A's table). A2, still 2/0, must be refused
+           from its next allocation within 3 s (it serves what it holds; segment.max_step = 200
+           keeps the nodes allocating). A2 restarted with 4/2: only one
            narrower class can be recorded, so it must be refused ("IDs refused: the tag's split
            is recorded as id_delta:id_remainder 4:0 and this node's 4:2 ...") and serve
            nothing. A's IDs still even, B's odd, 0 repeats.
@@ -46,7 +47,7 @@ each; B's IDs that A had served are counted.
 usage: split_clusters.py LEAFD_BIN [--mysql mysql://root@127.0.0.1:3306] [--previous PREV_BIN]
                          [--stale-tags-ok] [--documented-start] [--keep]
 Loopback only; the databases (or SQLite files) are created fresh and dropped at the end, also on
-failure. About 60 s (2 cores).
+failure. 35-45 s on 2 cores.
 """
 import argparse
 import array
