@@ -50,6 +50,7 @@ fn segment_engine(
             })
             .into_iter()
             .collect(),
+        strict: Default::default(),
     };
     let engine = SegmentEngine::new(
         Arc::new(MemoryStore::new()),

@@ -98,6 +98,7 @@ async fn restart_on_the_same_file_continues_above_every_handed_out_id() {
         description: Some("seeded".into()),
         delta: None,
         remainder: None,
+        order: Default::default(),
     });
     let mut handed_out = HashSet::new();
     let mut highest = 0;

@@ -115,6 +115,12 @@ fn segment_settings(c: &SegmentConfig) -> SegmentSettings {
                 (entry.tag.clone(), Arc::new(cipher))
             })
             .collect(),
+        strict: c
+            .tags
+            .iter()
+            .filter(|seed| seed.order == crate::config::TagOrder::Strict)
+            .map(|seed| seed.tag.clone())
+            .collect(),
         auto_create: c.auto_create.then(|| {
             let pattern = crate::cmd::glob::Glob::case_sensitive(c.auto_create_pattern.as_bytes());
             AutoCreate {
@@ -291,8 +297,8 @@ impl App {
                 _ = tokio::time::sleep(backoff) => {}
             }
             // Capped at a second: a node serves again within about a second of the database's
-                        // return, one connection attempt per second while it is down.
-                        backoff = (backoff * 2).min(Duration::from_secs(1));
+            // return, one connection attempt per second while it is down.
+            backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
 

@@ -30,6 +30,7 @@ pub fn tags(ctx: &Arc<Context>) -> Reply {
             .map(|t| {
                 Reply::map([
                     ("tag", Reply::bulk(t.tag)),
+                    ("order", Reply::bulk(t.order)),
                     ("step", Reply::Integer(t.step)),
                     ("table_step", Reply::Integer(t.table_step)),
                     ("max_id", Reply::Integer(t.max_id)),

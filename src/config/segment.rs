@@ -94,6 +94,22 @@ pub struct TagSeed {
     pub delta: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remainder: Option<i64>,
+    /// `trend` (Leaf's: increasing per node, trend-increasing across nodes) or `strict`: a
+    /// request sent after another's reply arrived gets a larger ID, on any node.
+    #[serde(default)]
+    pub order: TagOrder,
+}
+
+/// How a tag's IDs are ordered across the cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TagOrder {
+    /// Leaf's double buffer: IDs increase on each node, and only by trend across nodes.
+    #[default]
+    Trend,
+    /// Every request allocates in the table (its row lock orders them, batched per node):
+    /// if a reply came before a request was sent, anywhere, the later ID is larger.
+    Strict,
 }
 
 fn default_start() -> i64 {
@@ -126,6 +142,21 @@ impl SegmentConfig {
         self.validate_opaque()?;
         if self.failover_margin < 0 {
             return Err("segment.failover_margin must be 0 or more IDs".into());
+        }
+        for seed in self.tags.iter().filter(|s| s.order == TagOrder::Strict) {
+            let delta = seed.delta.unwrap_or(self.id_delta);
+            if delta != 1 {
+                return Err(format!(
+                    "segment.tags '{}': order = \"strict\" cannot be combined with an id_delta split ({delta}): clusters on separate databases have no common order",
+                    seed.tag
+                ));
+            }
+            if self.opaque.iter().any(|o| o.tag == seed.tag) {
+                return Err(format!(
+                    "segment.tags '{}': order = \"strict\" cannot be combined with opaque IDs, whose order is hidden",
+                    seed.tag
+                ));
+            }
         }
         for seed in &self.tags {
             if !(1..=self.max_step).contains(&seed.step) {

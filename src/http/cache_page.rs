@@ -64,6 +64,7 @@ pub(super) async fn cache(
             .map(|t| {
                 json!({
                     "tag": t.tag,
+                    "order": t.order,
                     "step": t.step,
                     "table_step": t.table_step,
                     "max_id": t.max_id,

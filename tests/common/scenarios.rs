@@ -243,6 +243,7 @@ pub async fn nodes_started_at_once_all_come_up(url: &str, nodes: usize) {
             description: None,
             delta: None,
             remainder: None,
+            order: Default::default(),
         }];
         starts.spawn(leafd::app::App::open(super::test_config(config)));
     }

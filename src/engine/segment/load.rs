@@ -105,6 +105,15 @@ impl SegmentEngine {
         step: Option<i64>,
     ) -> Result<Result<LeafAlloc, LoadFailure>, StoreError> {
         let _one_at_a_time = buffer.allocating.lock().await;
+        self.allocate_guarded_locked(buffer, step).await
+    }
+
+    /// [`SegmentEngine::allocate_guarded`] for a caller that holds `buffer.allocating`.
+    pub(super) async fn allocate_guarded_locked(
+        &self,
+        buffer: &TagBuffer,
+        step: Option<i64>,
+    ) -> Result<Result<LeafAlloc, LoadFailure>, StoreError> {
         if let Some(cipher) = buffer.opaque.as_ref() {
             if !buffer.opaque_claimed.load(Ordering::Acquire) {
                 let (marker, max_id) = self

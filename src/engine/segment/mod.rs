@@ -7,6 +7,7 @@ pub mod opaque;
 mod settings;
 mod snapshot;
 pub mod step;
+mod strict;
 mod tags;
 
 use std::collections::HashMap;
@@ -84,6 +85,11 @@ pub struct TagBuffer {
     opaque: Option<Arc<OpaqueCipher>>,
     /// The database confirmed that this tag serves opaque IDs under this key.
     opaque_claimed: std::sync::atomic::AtomicBool,
+    /// `order = "strict"`: every request allocates in the table, batched ([`strict`]); the
+    /// buffers stay empty, so the fast paths never serve it.
+    strict: bool,
+    /// Strict requests waiting for the next allocation of the tag.
+    strict_waiting: Mutex<Vec<strict::Waiting>>,
 }
 
 impl TagBuffer {
@@ -98,6 +104,8 @@ impl TagBuffer {
             allocating: tokio::sync::Mutex::new(()),
             opaque: settings.opaque_of(name),
             opaque_claimed: std::sync::atomic::AtomicBool::new(false),
+            strict: settings.strict.contains(name),
+            strict_waiting: Mutex::new(Vec::new()),
         }
     }
 
@@ -138,6 +146,8 @@ impl TagBuffer {
 #[derive(Debug, Clone)]
 pub struct TagSnapshot {
     pub tag: String,
+    /// `"strict"` (`order = "strict"`) or `"trend"`.
+    pub order: &'static str,
     /// The step of the last load (the adaptive step).
     pub step: i64,
     /// The step stored in the table.
@@ -280,6 +290,9 @@ impl SegmentEngine {
         };
         if let Some(refused) = buffer.refuses_count(n) {
             return Err(refused);
+        }
+        if buffer.strict {
+            return self.next_strict(&buffer, n).await;
         }
         let deadline = tokio::time::Instant::now() + self.settings.load_timeout;
         let mut waited = false;

@@ -1,7 +1,7 @@
 //! The segment engine's tuning, filled by the app from `[segment]`: step rules, limits, which
 //! tags may be created on first use, and how each tag's IDs are handed out.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +26,8 @@ pub struct SegmentSettings {
     pub tag_interleave: HashMap<String, Interleave>,
     /// Tags that hand out opaque IDs (`[[segment.opaque]]`), with their permutation.
     pub opaque: HashMap<String, Arc<OpaqueCipher>>,
+    /// Tags whose IDs strictly increase across the cluster (`order = "strict"`).
+    pub strict: HashSet<String>,
 }
 
 impl SegmentSettings {

@@ -13,6 +13,7 @@ impl SegmentEngine {
                 let st = buffer.lock();
                 TagSnapshot {
                     tag: buffer.name.to_string(),
+                    order: if buffer.strict { "strict" } else { "trend" },
                     step: st.step,
                     table_step: st.table_step,
                     max_id: st.max_id,

@@ -1,0 +1,136 @@
+//! Strictly increasing tags (`order = "strict"`): no buffer; every request is served from an
+//! allocation made after it arrived, the requests waiting at that moment batched into one.
+//!
+//! Why that orders requests across the cluster: a request sent after another's reply arrived
+//! reached its node after the other's allocation committed, and joins only an allocation that
+//! has not yet been sent; that allocation locks the row after the commit, so its range starts
+//! at or above the other's `max_id` (see `storage::SegmentStore::allocate`).
+
+use tokio::sync::oneshot;
+
+use super::{SegmentEngine, SegmentError, TagBuffer};
+
+/// A request waiting for the next allocation: how many IDs, and where its last one goes.
+pub(super) struct Waiting {
+    n: i64,
+    reply: oneshot::Sender<Result<i64, SegmentError>>,
+}
+
+impl SegmentEngine {
+    /// Hands out `n` consecutive IDs of a strict tag, above every ID handed out before this
+    /// request arrived on any node, and returns the last.
+    pub(super) async fn next_strict(
+        &self,
+        buffer: &TagBuffer,
+        n: i64,
+    ) -> Result<i64, SegmentError> {
+        let (reply, mut answer) = oneshot::channel();
+        buffer
+            .strict_waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Waiting { n, reply });
+        let served = async {
+            loop {
+                // One allocation of the tag at a time on this node; whoever holds the lock
+                // serves every request waiting when it takes the queue, its own included
+                // unless an earlier holder already served it.
+                let _one_at_a_time = buffer.allocating.lock().await;
+                if let Ok(result) = answer.try_recv() {
+                    return result;
+                }
+                let batch = std::mem::take(
+                    &mut *buffer
+                        .strict_waiting
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()),
+                );
+                if batch.is_empty() {
+                    // Taken by a holder whose answer is on its way.
+                    continue;
+                }
+                self.serve_batch(buffer, batch).await;
+                drop(_one_at_a_time);
+                return match answer.await {
+                    Ok(result) => result,
+                    Err(_) => Err(self.strict_lost(buffer)),
+                };
+            }
+        };
+        match tokio::time::timeout(self.settings.load_timeout, served).await {
+            Ok(result) => result,
+            // Whatever allocation this request joins later is skipped, never handed out twice.
+            Err(_) => Err(SegmentError::Unavailable {
+                tag: buffer.name.to_string(),
+                reason: format!(
+                    "database unreachable: no allocation within {} ms",
+                    self.settings.load_timeout.as_millis()
+                ),
+            }),
+        }
+    }
+
+    /// One allocation of exactly what `batch` asks for, handed out in its order.
+    async fn serve_batch(&self, buffer: &TagBuffer, batch: Vec<Waiting>) {
+        let total = batch.iter().try_fold(0i64, |sum, w| sum.checked_add(w.n));
+        let Some(total) = total else {
+            for waiting in batch {
+                let _ = waiting
+                    .reply
+                    .send(Err(SegmentError::Exhausted(buffer.name.to_string())));
+            }
+            return;
+        };
+        self.stats
+            .request_waits
+            .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let result = self.allocate_guarded_locked(buffer, Some(total)).await;
+        let error = match result {
+            Ok(Ok(alloc)) => {
+                {
+                    let mut st = buffer.lock();
+                    st.served += total as u64;
+                    st.max_id = st.max_id.max(alloc.max_id);
+                    st.loads_ok += 1;
+                    st.failure = None;
+                }
+                let mut next = alloc.first;
+                for waiting in batch {
+                    next += waiting.n;
+                    let _ = waiting.reply.send(Ok(next - 1));
+                }
+                return;
+            }
+            Ok(Err(failure)) => {
+                let mut st = buffer.lock();
+                st.loads_failed += 1;
+                st.failure = Some(failure.clone());
+                if matches!(failure, super::LoadFailure::Rollback { .. }) {
+                    st.rollbacks += 1;
+                }
+                drop(st);
+                self.failure_error(&buffer.name, failure)
+            }
+            Err(e) => {
+                let failure = super::LoadFailure::from_store(&e);
+                let mut st = buffer.lock();
+                st.loads_failed += 1;
+                st.failure = Some(failure.clone());
+                drop(st);
+                self.failure_error(&buffer.name, failure)
+            }
+        };
+        for waiting in batch {
+            let _ = waiting.reply.send(Err(error.clone()));
+        }
+    }
+
+    /// The holder serving this request's batch went away (its own caller timed out).
+    fn strict_lost(&self, buffer: &TagBuffer) -> SegmentError {
+        SegmentError::Unavailable {
+            tag: buffer.name.to_string(),
+            reason: "database unreachable: the allocation serving this request was abandoned"
+                .into(),
+        }
+    }
+}

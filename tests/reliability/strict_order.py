@@ -1,0 +1,241 @@
+"""Strictly increasing tags (order = "strict") checked from outside, on the real binary.
+
+Three leafd nodes on one new database (MariaDB or PostgreSQL), one strict tag. Client threads on
+every node send INCR and INCRBY, pipelined; each request's send time and reply time are taken
+from this machine's one monotonic clock (time.monotonic_ns: before the write, after the reply is
+parsed). The guarantee: if the reply to one request arrived before another request was sent, on
+any nodes, every ID of the second is larger than every ID of the first; and no ID repeats. The
+check sorts by send time and sweeps the replies that came before each send.
+
+Faults in the same run: one node SIGKILLed and restarted, one SIGSTOPped for 1.5 s and resumed.
+`--bench` instead measures IDs/s and latency of the strict tag against a trend-increasing tag on
+the same database, 1 and 3 nodes, pipeline 1 and 32, and prints a Markdown table.
+
+    python3 tests/reliability/strict_order.py LEAFD_BIN mysql|postgres [--seconds S] [--bench]
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import leafd  # noqa: E402
+
+SERVERS = {"mysql": ("127.0.0.1", 3306, "root"), "postgres": ("127.0.0.1", 5432, "postgres")}
+
+
+def sql(dialect, statement):
+    host, port, user = SERVERS[dialect]
+    if dialect == "mysql":
+        cmd = ["mysql", f"-u{user}", f"-h{host}", f"-P{port}", "-N", "-e", statement]
+    else:
+        cmd = ["psql", "-h", host, "-p", str(port), "-U", user, "-d", "postgres", "-X", "-q",
+               "-v", "ON_ERROR_STOP=1", "-c", statement]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+def database_url(dialect, name):
+    host, port, user = SERVERS[dialect]
+    if dialect == "mysql":
+        return f"mysql://{user}@{host}:{port}/{name}?ssl-mode=disabled"
+    return f"postgres://{user}@{host}:{port}/{name}?sslmode=disable"
+
+
+class Client(threading.Thread):
+    """One connection to one node: batches of `depth` commands (INCR, every fifth batch one
+    INCRBY 5), each request recorded as (send_ns, reply_ns, first_id, last_id, node)."""
+
+    def __init__(self, node, key, depth, stop, with_incrby=True):
+        super().__init__(daemon=True)
+        self.node, self.key, self.depth, self.stop = node, key, depth, stop
+        self.with_incrby = with_incrby
+        self.records, self.errors, self.latencies = [], [], []
+
+    def run(self):
+        conn, batches = None, 0
+        while not self.stop.is_set():
+            try:
+                if conn is None:
+                    conn = leafd.RespConnection(self.node.port, timeout=5)
+                batches += 1
+                block = 5 if self.with_incrby and batches % 5 == 0 else 0
+                commands = [("INCRBY", self.key, block) if block and i == 0 else ("INCR", self.key)
+                            for i in range(self.depth)]
+                sent = time.monotonic_ns()
+                conn.send(commands)
+                for command in commands:
+                    reply = conn.read_reply()
+                    got = time.monotonic_ns()
+                    if isinstance(reply, int):
+                        n = int(command[2]) if command[0] == "INCRBY" else 1
+                        self.records.append((sent, got, reply - n + 1, reply, self.node.name))
+                        self.latencies.append(got - sent)
+                    else:
+                        self.errors.append(str(reply))
+            except (OSError, ValueError):
+                # A node killed or stopped: requests whose replies never came prove nothing.
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except OSError:
+                        pass
+                conn = None
+                time.sleep(0.05)
+        if conn is not None:
+            conn.close()
+
+
+def check(records):
+    """(violations, repeats, first violation text): every request must be above everything
+    whose reply arrived before it was sent."""
+    ids = set()
+    repeats = 0
+    for _, _, first, last, _ in records:
+        for i in range(first, last + 1):
+            if i in ids:
+                repeats += 1
+            ids.add(i)
+    by_reply = sorted(records, key=lambda r: r[1])
+    violations, example, j, highest, highest_rec = 0, None, 0, -1, None
+    for rec in sorted(records, key=lambda r: r[0]):
+        while j < len(by_reply) and by_reply[j][1] < rec[0]:
+            if by_reply[j][3] > highest:
+                highest, highest_rec = by_reply[j][3], by_reply[j]
+            j += 1
+        if rec[2] <= highest:
+            violations += 1
+            if example is None:
+                example = (f"{rec[4]} sent at {rec[0]} got {rec[2]}..{rec[3]}, but {highest_rec[4]}"
+                           f"'s reply {highest_rec[3]} arrived at {highest_rec[1]}")
+    return violations, repeats, example, len(ids)
+
+
+def start_nodes(binary, work, url, count, tag, order, prefix="n"):
+    config = {"segment": {"adaptive_step": True},
+              "segment.tags": [{"tag": tag, "step": 1000, "order": order}],
+              "snowflake": {"coordinator": "static", "worker_id": 1}}
+    nodes = [leafd.Node(binary, work, f"{prefix}{i}", storage_url=url, config=config)
+             for i in range(count)]
+    for node in nodes:
+        node.start()
+    for node in nodes:
+        node.wait_ready(30)
+    return nodes
+
+
+def run_order_test(binary, dialect, seconds, order="strict"):
+    started = time.monotonic()
+    name = f"leafd_strict_{os.getpid()}"
+    sql(dialect, f"CREATE DATABASE {name}")
+    work = tempfile.mkdtemp(prefix="leafd-strict-")
+    nodes = []
+    failures = []
+    try:
+        nodes = start_nodes(binary, work, database_url(dialect, name), 3, "strict", order)
+        stop = threading.Event()
+        clients = [Client(node, "segment:strict", depth, stop)
+                   for node in nodes for depth in (1, 1, 8, 32)]
+        for client in clients:
+            client.start()
+        time.sleep(seconds / 3)
+        nodes[0].kill()  # SIGKILL under load, then back
+        nodes[0].start()
+        nodes[0].wait_ready(30)
+        time.sleep(seconds / 3)
+        nodes[1].pause()  # SIGSTOP: its requests wait; no lease to lose
+        time.sleep(1.5)
+        nodes[1].resume()
+        time.sleep(seconds / 3)
+        stop.set()
+        for client in clients:
+            client.join(15)
+        records = [r for c in clients for r in c.records]
+        errors = [e for c in clients for e in c.errors]
+        violations, repeats, example, distinct = check(records)
+        per_node = {n.name: sum(1 for r in records if r[4] == n.name) for n in nodes}
+        print(f"  {dialect}: {len(records)} requests ({distinct} IDs) from 3 nodes {per_node}, "
+              f"pipelines 1/8/32, SIGKILL + restart of n0, SIGSTOP 1.5 s of n1; "
+              f"real-time order violations {violations}, repeats {repeats}, error replies {len(errors)}")
+        if violations:
+            failures.append(f"{violations} real-time order violations, e.g. {example}")
+        if repeats:
+            failures.append(f"{repeats} repeated IDs")
+        if len(records) < 1000:
+            failures.append(f"only {len(records)} requests answered")
+        unexpected = [e for e in errors if not e.startswith("UNAVAILABLE")]
+        if unexpected:
+            failures.append(f"unexpected error replies: {unexpected[:3]}")
+    finally:
+        leafd.stop_all(nodes)
+        sql(dialect, f"DROP DATABASE IF EXISTS {name}")
+        subprocess.run(["rm", "-rf", work], check=False)
+    leafd.print_outcome(f"strict_order {dialect}", failures, started)
+    return not failures
+
+
+def percentile(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p))] if values else 0
+
+
+def run_bench(binary, dialect, seconds):
+    rows = []
+    for order in ("trend", "strict"):
+        for count in (1, 3):
+            for depth in (1, 32):
+                name = f"leafd_bench_{os.getpid()}_{order}_{count}_{depth}"
+                sql(dialect, f"CREATE DATABASE {name}")
+                work = tempfile.mkdtemp(prefix="leafd-strict-bench-")
+                nodes = []
+                try:
+                    nodes = start_nodes(binary, work, database_url(dialect, name), count, "t", order)
+                    stop = threading.Event()
+                    clients = [Client(node, "segment:t", depth, stop, with_incrby=False)
+                               for node in nodes for _ in range(4)]
+                    for client in clients:
+                        client.start()
+                    time.sleep(0.5)
+                    for client in clients:
+                        client.records.clear()
+                        client.latencies.clear()
+                    began = time.monotonic()
+                    time.sleep(seconds)
+                    stop.set()
+                    elapsed = time.monotonic() - began
+                    for client in clients:
+                        client.join(15)
+                    ids = sum(len(c.records) for c in clients)
+                    lat = [x for c in clients for x in c.latencies]
+                    rows.append((order, count, depth, ids / elapsed,
+                                 percentile(lat, 0.5) / 1e6, percentile(lat, 0.99) / 1e6))
+                finally:
+                    leafd.stop_all(nodes)
+                    sql(dialect, f"DROP DATABASE IF EXISTS {name}")
+                    subprocess.run(["rm", "-rf", work], check=False)
+    print(f"\n{dialect}, {seconds} s each, 4 clients per node (Python), IDs/s and request latency "
+          f"(a pipelined request's latency is its batch's):\n")
+    print("| tag | nodes | pipeline | IDs/s | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|---|")
+    for order, count, depth, rate, p50, p99 in rows:
+        print(f"| {order} | {count} | {depth} | {rate:,.0f} | {p50:.2f} | {p99:.2f} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("binary")
+    parser.add_argument("dialect", choices=sorted(SERVERS))
+    parser.add_argument("--seconds", type=float, default=9)
+    parser.add_argument("--bench", action="store_true")
+    parser.add_argument("--order", default="strict", choices=("strict", "trend"),
+                        help="trend: show that the check catches a trend-increasing tag")
+    args = parser.parse_args()
+    if args.bench:
+        run_bench(args.binary, args.dialect, args.seconds)
+        return
+    sys.exit(0 if run_order_test(args.binary, args.dialect, args.seconds, args.order) else 1)
+
+
+main()
