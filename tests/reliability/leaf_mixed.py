@@ -626,7 +626,7 @@ def runs_of(ids, blocks):
 def handovers(sources):
     """`sources`: {owner: loaders}. The runs of each owner's segment IDs; then, in ID order, how
     often the next run belongs to another owner (a range boundary between two nodes), by kind
-    of owner ("leafd" or "Leaf" from the owner's name). Returns ({owner: runs}, Counter)."""
+    of owner (kind_of). Returns ({owner: runs}, Counter)."""
     runs = {}
     for owner, loaders in sources.items():
         singles = [v for l in loaders for v in l.singles]
