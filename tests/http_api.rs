@@ -507,3 +507,48 @@ async fn info_memory_and_commandstats() {
     assert!(incr.ends_with(",rejected_calls=0,failed_calls=1"), "{incr}");
     server.stop().await;
 }
+
+/// Leaf's `/db` lists the table's rows (escaped), and `/decodeSnowflakeId` decodes as Leaf's
+/// page does, with Leaf's error shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leafs_db_and_decode_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::TestServer::start(common::sqlite_config(&dir)).await;
+    common::scenarios::create_tag(&server, "a<b", 10, Some(5)).await;
+    let page = reqwest::get(server.http_url("/db"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("<tr><td>a&lt;b</td><td>5</td><td>10</td><td>"),
+        "{page}"
+    );
+    let mut con = server.client().await;
+    let id: i64 = redis::cmd("SNOWFLAKE").query_async(&mut con).await.unwrap();
+    let decoded = reqwest::get(server.http_url(&format!("/decodeSnowflakeId?snowflakeId={id}")))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let layout = server.app.context.snowflake_layout;
+    let fields = layout.decode(id).unwrap();
+    assert!(
+        decoded.contains(&format!("\"workerId\":\"{}\"", fields.worker_id)),
+        "{decoded}"
+    );
+    assert!(
+        decoded.contains(&format!("\"timestamp\":\"{}(", fields.timestamp_ms)),
+        "{decoded}"
+    );
+    let bad = reqwest::get(server.http_url("/decodeSnowflakeId?snowflakeId=x"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(bad.contains("errorMsg"), "{bad}");
+    server.stop().await;
+}

@@ -5,6 +5,7 @@ mod admin;
 mod cache_page;
 mod caller;
 mod leaf_api;
+mod leaf_monitor;
 
 use admin::{create_tag, update_tag};
 use cache_page::cache;
@@ -89,6 +90,8 @@ pub fn router(ctx: Arc<Context>) -> Router {
         .route("/decode/{id}", get(decode))
         .route("/fromtime/{t}", get(from_time))
         .route("/cache", get(cache))
+        .route("/db", get(leaf_monitor::db))
+        .route("/decodeSnowflakeId", get(leaf_monitor::decode_snowflake_id))
         .route("/api/segment/tags", post(create_tag))
         .route("/api/segment/tags/{tag}", patch(update_tag))
         .fallback(not_found)

@@ -82,6 +82,7 @@ impl SegmentStore for MemoryStore {
                 failover: None,
                 opaque: None,
                 split: new.split.clone(),
+                update_time: None,
             },
         );
         Ok(())

@@ -32,8 +32,8 @@ pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 /// Every row of `leaf_alloc`, in the column order the dialects' row mappers read.
-const LIST_ROWS: &str =
-    "SELECT biz_tag, max_id, step, description, opaque, split FROM leaf_alloc ORDER BY biz_tag";
+const LIST_ROWS: &str = "SELECT biz_tag, max_id, step, description, opaque, split, \
+     CAST(update_time AS CHAR(32)) AS update_time FROM leaf_alloc ORDER BY biz_tag";
 
 /// The first statement of every tag creation: all creators, on every node and every member of
 /// a multi-primary cluster, serialize on this row before counting the tags.
@@ -79,6 +79,8 @@ pub struct LeafAlloc {
     /// The residue class the tag's cluster hands out (`<delta>:<remainder>`), as the row
     /// recorded it when it was read (for an allocation: in the same transaction).
     pub split: Option<String>,
+    /// The row's `update_time` as the database prints it (listed rows only; Leaf's `/db`).
+    pub update_time: Option<String>,
 }
 
 /// Errors of a storage call.

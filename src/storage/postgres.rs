@@ -38,6 +38,12 @@ fn row_to_alloc(row: &PgRow) -> Result<LeafAlloc, sqlx::Error> {
         failover: None,
         opaque: row.try_get("opaque")?,
         split: row.try_get("split")?,
+        // Only the list selects it.
+        update_time: row
+            .try_get::<Option<String>, _>("update_time")
+            .ok()
+            .flatten()
+            .map(|t| t.trim().to_string()),
     })
 }
 
