@@ -154,17 +154,8 @@ impl SegmentEngine {
             split: self.settings.interleave_of(tag).marker(),
             max_tags: self.settings.max_tags,
         };
-        let mut attempts = 0;
-        loop {
-            match self.store.create_tag(&new).await {
-                // Two members of a multi-primary cluster updated the guard at once.
-                Err(e) if e.is_conflict() && attempts < 10 => {
-                    attempts += 1;
-                    tokio::time::sleep(Duration::from_millis(5 + fastrand::u64(..20))).await;
-                }
-                result => break result?,
-            }
-        }
+        // Two members of a multi-primary cluster may update the guard at once.
+        retry_conflicts(|| self.store.create_tag(&new)).await?;
         self.tags.rcu(|map| {
             let mut map = TagMap::clone(map);
             map.entry(Box::from(tag.as_bytes()))
@@ -197,10 +188,8 @@ impl SegmentEngine {
                 "skip must be a positive number of IDs".into(),
             ));
         }
-        let alloc = self
-            .store
-            .allocate(tag, Some(n), self.settings.failover_margin)
-            .await?;
+        let margin = self.settings.failover_margin;
+        let alloc = retry_conflicts(|| self.store.allocate(tag, Some(n), margin)).await?;
         self.note_failover(tag, &alloc);
         tracing::warn!(
             tag,
@@ -230,10 +219,8 @@ impl SegmentEngine {
                 "start must be between 1 and {MAX_TAG_START}"
             )));
         }
-        let max_id = self
-            .store
-            .resplit(tag, split.marker().as_deref(), start)
-            .await?;
+        let marker = split.marker();
+        let max_id = retry_conflicts(|| self.store.resplit(tag, marker.as_deref(), start)).await?;
         tracing::warn!(
             tag,
             split = split.marker().as_deref().unwrap_or("none"),
@@ -270,7 +257,7 @@ impl SegmentEngine {
 
     pub async fn set_step(&self, tag: &str, step: i64) -> Result<(), SegmentError> {
         self.validate_step(step)?;
-        Ok(self.store.set_step(tag, step).await?)
+        Ok(retry_conflicts(|| self.store.set_step(tag, step)).await?)
     }
 
     pub fn validate_step(&self, step: i64) -> Result<(), SegmentError> {
@@ -306,5 +293,24 @@ impl SegmentEngine {
                 }
             }
         })
+    }
+}
+
+/// An admin write retried while it loses to a concurrent transaction (a Galera certification
+/// failure against an allocation on another member, a deadlock): up to 10 times, briefly.
+async fn retry_conflicts<T, F, Fut>(mut write: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut attempts = 0;
+    loop {
+        match write().await {
+            Err(e) if e.is_conflict() && attempts < 10 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(5 + fastrand::u64(..20))).await;
+            }
+            result => return result,
+        }
     }
 }
