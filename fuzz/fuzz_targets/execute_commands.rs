@@ -43,6 +43,7 @@ fuzz_target!(|data: &[u8]| {
             description: None,
             delta: None,
             remainder: None,
+            order: Default::default(),
         }];
         let app = App::with_store(config, Arc::new(MemoryStore::new()), Arc::new(SystemClock))
             .await
