@@ -184,6 +184,117 @@ async fn a_node_starts_from_its_cache_while_zookeeper_is_down_and_reconnects() {
     cached.close().await;
 }
 
+/// While ZooKeeper cannot be asked, another layout may have taken the cluster over, or another
+/// node this id; both start above every recorded fence. So a start from the cache issues nothing
+/// past the fence of its last report, and never in another layout than the one it cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_from_the_cache_stops_at_its_last_fence_and_keeps_its_layout() {
+    let Some(cluster) = Cluster::new("cache_fence") else {
+        return;
+    };
+    let endpoint = "10.0.1.5:6380";
+    // A lease longer than the failed connection attempts of the starts below.
+    let mut cfg = cluster.node(endpoint);
+    cfg.lease_ms = 20_000;
+    let first = cluster
+        .acquire_with(&cfg, endpoint, MAX_WORKER_ID, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // a report or two
+    first.close().await;
+    let cache: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg.cache_file).unwrap()).unwrap();
+    let fence = cache["fence_ms"]
+        .as_u64()
+        .expect("the cache holds the fence");
+    assert_eq!(cache["layout"], Layout::default().descriptor().as_str());
+
+    let proxy = TcpProxy::start(cluster.cfg.connect.clone(), false).await;
+    cfg.connect = proxy.addr.to_string();
+    let other_layout = Layout {
+        worker_bits: 11,
+        sequence_bits: 11,
+        ..Layout::default()
+    };
+    let err = zookeeper::acquire(
+        &cfg,
+        endpoint,
+        MAX_WORKER_ID,
+        &other_layout,
+        Arc::new(SystemClock),
+    )
+    .await
+    .err()
+    .expect("another layout never starts from the cache");
+    assert!(
+        err.to_string()
+            .contains("a layout changes only with ZooKeeper answering"),
+        "{err}"
+    );
+
+    // Before the fence the cached id serves; past it, nothing until ZooKeeper answers.
+    let cached = cluster
+        .acquire_with(&cfg, endpoint, MAX_WORKER_ID, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let now = SystemClock.now_millis();
+    assert!(now < fence, "the restart came within the lease");
+    assert_eq!(cached.limit.check(now), Ok(()));
+    let reason = cached.limit.check(fence + 1).unwrap_err();
+    assert!(
+        reason.contains("no ID past the fence of the last report"),
+        "{reason}"
+    );
+    cached.close().await;
+
+    // A cache whose fence has passed starts, issues nothing, and serves once ZooKeeper is back.
+    tokio::time::sleep(Duration::from_millis(
+        fence.saturating_sub(SystemClock.now_millis()) + 50,
+    ))
+    .await;
+    let late = cluster
+        .acquire_with(&cfg, endpoint, MAX_WORKER_ID, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    assert!(late.limit.check(SystemClock.now_millis()).is_err());
+    proxy.restore();
+    assert_eq!(
+        refused_within_or_serving(&late, Duration::from_secs(10)).await,
+        Ok(()),
+        "serves once ZooKeeper answers"
+    );
+    late.close().await;
+
+    // A cache of an older release (no fence, no layout) does not start without ZooKeeper.
+    std::fs::write(
+        &cfg.cache_file,
+        format!(
+            r#"{{"cluster":"{}","endpoint":"{endpoint}","worker_id":0,"last_timestamp_ms":1}}"#,
+            cluster.cfg.cluster
+        ),
+    )
+    .unwrap();
+    proxy.cut();
+    let err = cluster
+        .acquire_with(&cfg, endpoint, MAX_WORKER_ID, Arc::new(SystemClock))
+        .await
+        .err()
+        .expect("an old cache proves nothing");
+    assert!(err.to_string().contains("older release"), "{err}");
+}
+
+/// `Ok(())` once the worker may issue again, within `wait`.
+async fn refused_within_or_serving(worker: &ZkWorker, wait: Duration) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match worker.limit.check(SystemClock.now_millis()) {
+            Ok(()) => return Ok(()),
+            Err(reason) if std::time::Instant::now() > deadline => return Err(reason),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_reports_the_fence_its_previous_run_left_in_zookeeper() {
     let Some(cluster) = Cluster::new("fence_in_zookeeper") else {

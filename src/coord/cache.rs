@@ -1,5 +1,5 @@
-//! The local worker-id cache: the last worker id, reported time and ZooKeeper session this
-//! node had, so it can start while ZooKeeper is unreachable and recognise its own old session.
+//! The local worker-id cache: the last worker id, reported time, fence, layout and ZooKeeper
+//! session this node had, so it can start while ZooKeeper is unreachable and recognise its session.
 
 use std::path::Path;
 
@@ -17,6 +17,14 @@ pub struct CachedWorker {
     /// node's own and is waited for, not mistaken for another node's.
     #[serde(default)]
     pub session_id: Option<i64>,
+    /// The fence written with that report. Started from the cache, the node issues no ID past
+    /// it: a layout change or an id reuse made meanwhile starts above it, and ZooKeeper, which
+    /// would say so, cannot be asked. `None` in caches of releases before it was kept.
+    #[serde(default)]
+    pub fence_ms: Option<u64>,
+    /// The snowflake layout the node issued in (see `zookeeper::layout`).
+    #[serde(default)]
+    pub layout: Option<String>,
 }
 
 fn cache_error(path: &Path, reason: impl ToString) -> CoordError {
@@ -63,9 +71,19 @@ mod tests {
             worker_id: 42,
             last_timestamp_ms: 1_764_000_000_000,
             session_id: Some(0x1234),
+            fence_ms: Some(1_764_000_010_000),
+            layout: Some("41/10/12@0".into()),
         };
         store(&path, &worker).unwrap();
         assert_eq!(load(&path).unwrap(), Some(worker));
+        // A cache of an older release reads with neither fence nor layout.
+        std::fs::write(
+            &path,
+            br#"{"cluster":"c","endpoint":"e","worker_id":1,"last_timestamp_ms":5}"#,
+        )
+        .unwrap();
+        let old = load(&path).unwrap().unwrap();
+        assert_eq!((old.fence_ms, old.layout), (None, None));
         std::fs::write(&path, b"{not json").unwrap();
         assert!(load(&path).unwrap_err().to_string().contains("worker.json"));
     }

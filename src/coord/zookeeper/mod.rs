@@ -139,6 +139,33 @@ pub async fn acquire(
     .await
 }
 
+/// The fence a start from the cache may issue up to, or why it may not start. While ZooKeeper
+/// cannot be asked, another layout may have taken the cluster over, or another node this worker
+/// id (reuse); both start above every fence recorded, so IDs below this node's last fence are
+/// the only ones it can be sure of. A cache without a fence or of another layout proves nothing.
+fn cache_start(
+    registry: &Registry,
+    cached: &super::cache::CachedWorker,
+    unreachable: &zookeeper_client::Error,
+) -> Result<u64, CoordError> {
+    let refuse = |why: String| {
+        CoordError::Unreachable(format!(
+            "{unreachable}; the worker-id cache {} {why}: start once with ZooKeeper answering",
+            registry.cfg.cache_file
+        ))
+    };
+    match (&cached.layout, cached.fence_ms) {
+        (Some(layout), Some(fence)) if *layout == registry.layout => Ok(fence),
+        (Some(layout), Some(_)) => Err(refuse(format!(
+            "was written in layout {layout} and this node issues {}; a layout changes only with ZooKeeper answering",
+            registry.layout
+        ))),
+        _ => Err(refuse(
+            "was written by an older release (no fence or layout in it)".into(),
+        )),
+    }
+}
+
 async fn acquire_into(
     cfg: &ZookeeperConfig,
     endpoint: &str,
@@ -160,7 +187,10 @@ async fn acquire_into(
     });
     let cached = registry.read_cache()?;
     let previous_session = cached.as_ref().and_then(|c| c.session_id);
-    let (client, registered) = match registry.connect().await {
+    let now = clock.now_millis();
+    // The first lease: after a report it runs to the fence written; started from the cache, one
+    // lease from now but never past the fence the cache holds (see `cache_start`).
+    let (client, registered, lease) = match registry.connect().await {
         Ok(client) => {
             layout::adopt(&registry, &client, layout).await?;
             let registered = registry.register(&client, previous_session).await?;
@@ -178,25 +208,28 @@ async fn acquire_into(
             registry.check_skew(&client, &registered).await?;
             shared.connected.store(true, Ordering::Relaxed);
             tracing::info!(worker_id = registered.id, node = %registry.forever_path(&registered.child), "snowflake worker id from ZooKeeper");
-            (Some(client), registered)
+            let lease = (now + cfg.lease_ms, supervisor::lease_problem(now));
+            (Some(client), registered, lease)
         }
         Err(e) => {
             let cached = cached.ok_or_else(|| CoordError::Unreachable(e.to_string()))?;
-            tracing::warn!(worker_id = cached.worker_id, error = %e, "ZooKeeper unreachable; using the cached worker id for one lease, reconnecting in the background");
-            (
-                None,
-                registry::Registered {
-                    id: cached.worker_id,
-                    child: registry.own_child(cached.worker_id),
-                    floor_ms: cached.last_timestamp_ms,
-                },
-            )
+            let fence = cache_start(&registry, &cached, &e)?;
+            tracing::warn!(worker_id = cached.worker_id, fence_ms = fence, error = %e, "ZooKeeper unreachable; using the cached worker id up to the fence of its last report, reconnecting in the background");
+            let lease = (
+                fence.min(now + cfg.lease_ms),
+                format!(
+                    "started from the worker-id cache while ZooKeeper is unreachable: no ID past the fence of the last report ({fence} ms, UNIX time), which another node may start above"
+                ),
+            );
+            let registered = registry::Registered {
+                id: cached.worker_id,
+                child: registry.own_child(cached.worker_id),
+                floor_ms: cached.last_timestamp_ms,
+            };
+            (None, registered, lease)
         }
     };
-    let now = clock.now_millis();
-    // The first lease: after a report it runs to the fence written; started from the cache, one
-    // lease from now (the id was ours, and ZooKeeper is asked again before it ends).
-    limit.set_lease(now + cfg.lease_ms, Some(supervisor::lease_problem(now)));
+    limit.set_lease(lease.0, Some(lease.1));
     shared.last_report_ms.store(now, Ordering::Relaxed);
     let stop = CancellationToken::new();
     let worker_id = registered.id;

@@ -455,13 +455,15 @@ impl Registry {
         }))
     }
 
-    pub fn write_cache(&self, id: u64, timestamp: u64, session_id: Option<i64>) {
+    pub fn write_cache(&self, id: u64, timestamp: u64, fence: u64, session_id: Option<i64>) {
         let worker = CachedWorker {
             cluster: self.cfg.cluster.clone(),
             endpoint: self.endpoint.clone(),
             worker_id: id,
             last_timestamp_ms: timestamp,
             session_id,
+            fence_ms: Some(fence),
+            layout: Some(self.layout.clone()),
         };
         if let Err(e) = cache::store(self.cfg.cache_file.as_ref(), &worker) {
             tracing::warn!(error = %e, "cannot write the worker-id cache");

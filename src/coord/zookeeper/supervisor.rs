@@ -128,7 +128,7 @@ pub(super) async fn supervise(
                 if !shared.connected.swap(true, Ordering::Relaxed) {
                     tracing::info!("ZooKeeper time reports succeed again");
                 }
-                registry.write_cache(id, now, Some(active.session_id().0));
+                registry.write_cache(id, now, fence, Some(active.session_id().0));
             }
             Err(ZkError::NoNode) => {
                 limit.revoke(format!("the ZooKeeper node of worker id {id} was removed"));
