@@ -81,6 +81,7 @@ async fn cache_page_lists_tags_with_their_buffers() {
     let tag = &json["tags"][0];
     assert_eq!(tag["tag"], "web");
     assert_eq!(tag["served"], 12);
+    assert!(tag["split"].is_null() && tag["opaque"].is_null(), "{tag}");
     assert_eq!(tag["current"]["next"], 13);
     assert_eq!(tag["current"]["end"], 100);
     let (status, html) = get(&server, "/cache", None).await;

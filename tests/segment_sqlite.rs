@@ -234,6 +234,26 @@ async fn two_clusters_with_delta_and_remainder_never_collide() {
         }
     }
     assert_eq!(seen_opaque.len(), 4_000);
+    // What an operator compares between clusters (each table knows only its own): the split
+    // differs, the opaque fingerprint is the same.
+    let mut fingerprints = HashSet::new();
+    for (remainder, server) in servers.iter().enumerate() {
+        let mut con = server.client().await;
+        let tags: Vec<std::collections::HashMap<String, redis::Value>> =
+            redis::cmd("LEAF.TAGS").query_async(&mut con).await.unwrap();
+        let field = |tag: &str, key: &str| {
+            let row = tags
+                .iter()
+                .find(|t| t["tag"] == redis::Value::BulkString(tag.into()));
+            redis::from_redis_value::<Option<String>>(row.unwrap()[key].clone()).unwrap()
+        };
+        assert_eq!(field("orders", "split"), Some(format!("2:{remainder}")));
+        assert_eq!(field("orders", "opaque"), None);
+        let fingerprint = field("receipts", "opaque").expect("an opaque tag's fingerprint");
+        assert!(fingerprint.starts_with("d4:"), "{fingerprint}");
+        fingerprints.insert(fingerprint);
+    }
+    assert_eq!(fingerprints.len(), 1, "one key in both clusters");
     for server in servers {
         server.stop().await;
     }

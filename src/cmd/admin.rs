@@ -31,6 +31,8 @@ pub fn tags(ctx: &Arc<Context>) -> Reply {
                 Reply::map([
                     ("tag", Reply::bulk(t.tag)),
                     ("order", Reply::bulk(t.order)),
+                    ("split", t.split.map(Reply::bulk).unwrap_or(Reply::Null)),
+                    ("opaque", t.opaque.map(Reply::bulk).unwrap_or(Reply::Null)),
                     ("step", Reply::Integer(t.step)),
                     ("table_step", Reply::Integer(t.table_step)),
                     ("max_id", Reply::Integer(t.max_id)),

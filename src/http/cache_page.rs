@@ -65,6 +65,8 @@ pub(super) async fn cache(
                 json!({
                     "tag": t.tag,
                     "order": t.order,
+                    "split": t.split,
+                    "opaque": t.opaque,
                     "step": t.step,
                     "table_step": t.table_step,
                     "max_id": t.max_id,

@@ -148,6 +148,11 @@ pub struct TagSnapshot {
     pub tag: String,
     /// `"strict"` (`order = "strict"`) or `"trend"`.
     pub order: &'static str,
+    /// This node's data-centre split of the tag (`delta:remainder`), `None` for the whole space:
+    /// clusters on separate databases compare it by hand (each table knows only its own).
+    pub split: Option<String>,
+    /// The fingerprint of an opaque tag's key and digits (`d10:…`), the same in every cluster.
+    pub opaque: Option<String>,
     /// The step of the last load (the adaptive step).
     pub step: i64,
     /// The step stored in the table.

@@ -14,6 +14,8 @@ impl SegmentEngine {
                 TagSnapshot {
                     tag: buffer.name.to_string(),
                     order: if buffer.strict { "strict" } else { "trend" },
+                    split: st.interleave.marker(),
+                    opaque: buffer.opaque.as_ref().map(|c| c.marker().to_string()),
                     step: st.step,
                     table_step: st.table_step,
                     max_id: st.max_id,
