@@ -51,6 +51,7 @@ fn segment_engine(
             .into_iter()
             .collect(),
         strict: Default::default(),
+        period: Default::default(),
     };
     let engine = SegmentEngine::new(
         Arc::new(MemoryStore::new()),

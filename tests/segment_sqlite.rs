@@ -92,13 +92,8 @@ async fn restart_on_the_same_file_continues_above_every_handed_out_id() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = sqlite_config(&dir);
     config.segment.tags.push(TagSeed {
-        tag: "orders".into(),
-        step: 50,
-        start: 1,
         description: Some("seeded".into()),
-        delta: None,
-        remainder: None,
-        order: Default::default(),
+        ..TagSeed::new("orders", 50)
     });
     let mut handed_out = HashSet::new();
     let mut highest = 0;

@@ -36,15 +36,7 @@ fuzz_target!(|data: &[u8]| {
         // The snowflake fence and the segment marks are synced at every start, stop and load:
         // on tmpfs that costs nothing (on disk it cut the executions per second twentyfold).
         config.storage.state_dir = format!("/dev/shm/leafd-fuzz-{}", std::process::id());
-        config.segment.tags = vec![leafd::config::TagSeed {
-            tag: "t".into(),
-            step: 10,
-            start: 1,
-            description: None,
-            delta: None,
-            remainder: None,
-            order: Default::default(),
-        }];
+        config.segment.tags = vec![leafd::config::TagSeed::new("t", 10)];
         let app = App::with_store(config, Arc::new(MemoryStore::new()), Arc::new(SystemClock))
             .await
             .unwrap();

@@ -17,7 +17,8 @@ use crate::context::Context;
 use crate::coord::{CoordError, Worker};
 use crate::engine::segment::{validate_tag_name, MAX_TAG_START};
 use crate::engine::segment::{
-    AutoCreate, Interleave, OpaqueCipher, SegmentEngine, SegmentError, SegmentSettings,
+    AutoCreate, Calendar, Interleave, OpaqueCipher, PeriodRule, SegmentEngine, SegmentError,
+    SegmentSettings,
 };
 use crate::metrics::Metrics;
 use crate::storage::{self, DeferredStore, OnRuntime, SegmentMarks, SegmentStore, StoreError};
@@ -83,6 +84,24 @@ pub fn validate_config(config: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// A `[[segment.tags]]` entry's period rule (its time zone was checked on load).
+fn period_rule(seed: &crate::config::TagSeed) -> Option<PeriodRule> {
+    use crate::config::Period;
+    let calendar = match seed.period? {
+        Period::Daily => Calendar::Day,
+        Period::Monthly => Calendar::Month,
+        Period::Yearly => Calendar::Year,
+    };
+    let zone = jiff::tz::TimeZone::get(&seed.time_zone).ok()?;
+    Some(PeriodRule::new(
+        calendar,
+        zone,
+        &seed.time_zone,
+        seed.sequence_digits,
+        &seed.prefix,
+    ))
+}
+
 /// The segment engine's tuning from the `[segment]` section.
 fn segment_settings(c: &SegmentConfig) -> SegmentSettings {
     SegmentSettings {
@@ -120,6 +139,11 @@ fn segment_settings(c: &SegmentConfig) -> SegmentSettings {
             .iter()
             .filter(|seed| seed.order == crate::config::TagOrder::Strict)
             .map(|seed| seed.tag.clone())
+            .collect(),
+        period: c
+            .tags
+            .iter()
+            .filter_map(|seed| Some((seed.tag.clone(), Arc::new(period_rule(seed)?))))
             .collect(),
         auto_create: c.auto_create.then(|| {
             let pattern = crate::cmd::glob::Glob::case_sensitive(c.auto_create_pattern.as_bytes());

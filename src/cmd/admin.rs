@@ -33,6 +33,7 @@ pub fn tags(ctx: &Arc<Context>) -> Reply {
                     ("order", Reply::bulk(t.order)),
                     ("split", t.split.map(Reply::bulk).unwrap_or(Reply::Null)),
                     ("opaque", t.opaque.map(Reply::bulk).unwrap_or(Reply::Null)),
+                    ("period", t.period.map(Reply::bulk).unwrap_or(Reply::Null)),
                     ("step", Reply::Integer(t.step)),
                     ("table_step", Reply::Integer(t.table_step)),
                     ("max_id", Reply::Integer(t.max_id)),

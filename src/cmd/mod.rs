@@ -191,6 +191,7 @@ async fn run(id: CommandId, ctx: &Arc<Context>, session: &mut Session, args: &[&
         Get => snowflake::get(sole_argument(args), ctx).await,
         LeafDecode => snowflake::decode(args, ctx),
         LeafFromTime => snowflake::from_time(args, ctx),
+        LeafCode => segment::code(sole_argument(args), ctx).await,
         Ping => connection::ping(args, session),
         Echo => Reply::Bulk(Bytes::copy_from_slice(sole_argument(args))),
         Hello => connection::hello(args, ctx, session),

@@ -1,4 +1,5 @@
-//! Segment ID commands: `INCR segment:<tag>` and `INCRBY segment:<tag> <n>`.
+//! Segment ID commands: `INCR segment:<tag>`, `INCRBY segment:<tag> <n>` and `LEAF.CODE <tag>`
+//! (a period tag's ID as a string).
 
 use std::sync::Arc;
 
@@ -42,6 +43,18 @@ async fn next_ids(tag: &[u8], count: i64, ctx: &Arc<Context>) -> Reply {
     };
     match ctx.segments.next_ids(tag, count).await {
         Ok(last) => Reply::Integer(last),
+        Err(e) => segment_error(&e),
+    }
+}
+
+/// `LEAF.CODE <tag>`: the next ID of a period tag as its string form.
+pub async fn code(tag: &[u8], ctx: &Arc<Context>) -> Reply {
+    let tag = match tag_text(tag) {
+        Ok(tag) => tag,
+        Err(reply) => return reply,
+    };
+    match ctx.segments.next_code(tag).await {
+        Ok(code) => Reply::bulk(code),
         Err(e) => segment_error(&e),
     }
 }

@@ -92,6 +92,7 @@ pub enum CommandId {
     Unwatch,
     LeafTag,
     LeafFromTime,
+    LeafCode,
 }
 
 /// `name` is `lower` in any ASCII case; `lower` is a lower-case command name of the same length.
@@ -113,7 +114,7 @@ impl CommandId {
             6 => &[IncrBy, Client, Select, Config],
             7 => &[Command, Discard, Unwatch],
             8 => &[Shutdown, LeafTag],
-            9 => &[Snowflake, LeafTags],
+            9 => &[Snowflake, LeafTags, LeafCode],
             11 => &[LeafDecode],
             12 => &[LeafWorkers],
             13 => &[LeafFromTime],
@@ -163,6 +164,7 @@ pub const COMMANDS: &[CommandSpec] = {
     spec(Unwatch, "unwatch", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Forgets watched keys (none matter)."),
     spec(LeafTag, "leaf.tag", -3, ADMIN, NO_KEYS, "leaf", "LEAF.TAG CREATE <tag> <step> [<start>] | STEP <tag> <step> | SKIP <tag> <n> | SKIPALL <n> | REVEAL <tag> <id>."),
     spec(LeafFromTime, "leaf.fromtime", 2, &["readonly", "fast"], NO_KEYS, "leaf", "The smallest snowflake ID of an instant (UNIX ms or RFC 3339 with an offset): IDs of [t1, t2) are >= FROMTIME(t1) and < FROMTIME(t2)."),
+    spec(LeafCode, "leaf.code", 2, WRITE, NO_KEYS, "leaf", "The next ID of a period tag as a string: its prefix, the period's date and the zero-padded sequence (ORD20261204000123)."),
     ]
 };
 

@@ -14,7 +14,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use http::HttpConfig;
-pub use segment::{OpaqueTag, SegmentConfig, TagOrder, TagSeed};
+pub use segment::{OpaqueTag, Period, SegmentConfig, TagOrder, TagSeed};
 pub use server::{ServerConfig, UserConfig};
 pub use snowflake::{CoordinatorKind, SnowflakeConfig, ZookeeperConfig};
 pub use storage::StorageConfig;

@@ -98,6 +98,75 @@ pub struct TagSeed {
     /// request sent after another's reply arrived gets a larger ID, on any node.
     #[serde(default)]
     pub order: TagOrder,
+    /// A sequence that restarts each period: IDs are the period's date in `time_zone` and a
+    /// sequence from 1 of `sequence_digits` digits (`20261204000123`), served in strict order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<Period>,
+    /// The IANA time zone whose calendar the period follows (`Asia/Shanghai`).
+    #[serde(default = "default_time_zone")]
+    pub time_zone: String,
+    #[serde(default = "default_sequence_digits")]
+    pub sequence_digits: u32,
+    /// Put before the number by `LEAF.CODE` (`ORD20261204000123`).
+    #[serde(default)]
+    pub prefix: String,
+}
+
+impl TagSeed {
+    /// A tag with `step` and every other key at its default, as a `[[segment.tags]]` entry with
+    /// only `tag` and `step` reads.
+    pub fn new(tag: impl Into<String>, step: i64) -> TagSeed {
+        TagSeed {
+            tag: tag.into(),
+            step,
+            start: default_start(),
+            description: None,
+            delta: None,
+            remainder: None,
+            order: TagOrder::default(),
+            period: None,
+            time_zone: default_time_zone(),
+            sequence_digits: default_sequence_digits(),
+            prefix: String::new(),
+        }
+    }
+}
+
+/// How often a period tag's sequence restarts at 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Period {
+    /// `YYYYMMDD` then the sequence.
+    Daily,
+    /// `YYYYMM` then the sequence.
+    Monthly,
+    /// `YYYY` then the sequence.
+    Yearly,
+}
+
+impl Period {
+    /// Digits of the period's date in an ID.
+    pub fn date_digits(self) -> u32 {
+        match self {
+            Period::Daily => 8,
+            Period::Monthly => 6,
+            Period::Yearly => 4,
+        }
+    }
+
+    /// Most sequence digits: the table's position keeps one digit more than the ID (see
+    /// `engine::segment::period`) and must stay within 18 digits.
+    pub fn max_sequence_digits(self) -> u32 {
+        17 - self.date_digits()
+    }
+}
+
+fn default_time_zone() -> String {
+    "UTC".into()
+}
+
+fn default_sequence_digits() -> u32 {
+    6
 }
 
 /// How a tag's IDs are ordered across the cluster.
@@ -159,6 +228,9 @@ impl SegmentConfig {
             }
         }
         for seed in &self.tags {
+            self.validate_period(seed)?;
+        }
+        for seed in &self.tags {
             if !(1..=self.max_step).contains(&seed.step) {
                 return Err(format!(
                     "segment.tags '{}': step must be between 1 and {}",
@@ -171,6 +243,50 @@ impl SegmentConfig {
 }
 
 impl SegmentConfig {
+    /// A period tag: a known time zone, digits that fit, and none of what a period cannot carry
+    /// (a split, opaque IDs, a start: its positions are the period's).
+    fn validate_period(&self, seed: &TagSeed) -> Result<(), String> {
+        let Some(period) = seed.period else {
+            return Ok(());
+        };
+        let what = format!("segment.tags '{}'", seed.tag);
+        if jiff::tz::TimeZone::get(&seed.time_zone).is_err() {
+            return Err(format!(
+                "{what}: time_zone '{}' is not an IANA time zone (e.g. \"UTC\", \"Asia/Shanghai\")",
+                seed.time_zone
+            ));
+        }
+        let most = period.max_sequence_digits();
+        if !(1..=most).contains(&seed.sequence_digits) {
+            return Err(format!(
+                "{what}: sequence_digits must be between 1 and {most} for period = \"{}\"",
+                format!("{period:?}").to_lowercase()
+            ));
+        }
+        let delta = seed.delta.unwrap_or(self.id_delta);
+        if delta != 1 {
+            return Err(format!(
+                "{what}: a period cannot be combined with an id_delta split ({delta}): give each data centre its own tag"
+            ));
+        }
+        if self.opaque.iter().any(|o| o.tag == seed.tag) {
+            return Err(format!(
+                "{what}: a period cannot be combined with opaque IDs (the date is in the ID)"
+            ));
+        }
+        if seed.start != 1 {
+            return Err(format!(
+                "{what}: a period tag's sequence starts at 1 each period; remove start"
+            ));
+        }
+        if seed.prefix.chars().any(|c| !c.is_ascii_graphic()) {
+            return Err(format!(
+                "{what}: prefix must be printable ASCII without spaces"
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_opaque(&self) -> Result<(), String> {
         if self.opaque.is_empty() {
             return Ok(());

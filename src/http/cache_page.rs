@@ -67,6 +67,7 @@ pub(super) async fn cache(
                     "order": t.order,
                     "split": t.split,
                     "opaque": t.opaque,
+                    "period": t.period,
                     "step": t.step,
                     "table_step": t.table_step,
                     "max_id": t.max_id,

@@ -27,6 +27,8 @@ pub(super) fn segment_status(err: &SegmentError) -> StatusCode {
         // The tag will never serve again: not a passing outage.
         SegmentError::Exhausted(_) => StatusCode::GONE,
         SegmentError::Rollback { .. } => StatusCode::CONFLICT,
+        // Served again from the next period on.
+        SegmentError::PeriodExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -38,6 +40,18 @@ pub(super) async fn segment_id(
 ) -> Response {
     match ctx.segments.next_ids(&tag, 1).await {
         Ok(id) => text(StatusCode::OK, id.to_string()),
+        Err(e) => text(segment_status(&e), format!("{e}\n")),
+    }
+}
+
+/// `GET /api/segment/code/{tag}`: a period tag's next ID as its string form (LEAF.CODE).
+pub(super) async fn segment_code(
+    _: Caller,
+    State(ctx): State<Arc<Context>>,
+    Path(tag): Path<String>,
+) -> Response {
+    match ctx.segments.next_code(&tag).await {
+        Ok(code) => text(StatusCode::OK, code),
         Err(e) => text(segment_status(&e), format!("{e}\n")),
     }
 }

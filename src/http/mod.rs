@@ -10,7 +10,7 @@ mod leaf_monitor;
 use admin::{create_tag, update_tag};
 use cache_page::cache;
 pub use caller::{AdminCaller, Caller};
-use leaf_api::{decode, from_time, segment_id, snowflake_id};
+use leaf_api::{decode, from_time, segment_code, segment_id, snowflake_id};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -86,6 +86,7 @@ pub fn router(ctx: Arc<Context>) -> Router {
         .route("/ready", get(ready))
         // HEAD would run the GET handler and consume an ID for nothing.
         .route("/api/segment/get/{tag}", get(segment_id).head(no_head))
+        .route("/api/segment/code/{tag}", get(segment_code).head(no_head))
         .route("/api/snowflake/get/{key}", get(snowflake_id).head(no_head))
         .route("/decode/{id}", get(decode))
         .route("/fromtime/{t}", get(from_time))

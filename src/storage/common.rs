@@ -97,36 +97,27 @@ macro_rules! sql_segment_store {
             split: Option<&str>,
             start: i64,
         ) -> Result<i64, $crate::storage::StoreError> {
-            // exclusive_max before max_id: MySQL's SET sees the values assigned to its left.
-            let move_up = format!(
-                "UPDATE leaf_alloc SET split = {}, \
-                 exclusive_max = CASE WHEN max_id < {} THEN {} ELSE exclusive_max END, \
-                 max_id = CASE WHEN max_id < {} THEN {} ELSE max_id END WHERE biz_tag = {}",
+            let record = format!(
+                "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {}",
                 $p(1),
-                $p(2),
-                $p(3),
-                $p(4),
-                $p(5),
-                $p(6)
+                $p(2)
             );
-            let read = format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = {}", $p(1));
-            let (move_up, read) = (&move_up, &read);
+            let (record, move_up) = (&record, &$crate::storage::common::move_up_sql($p));
             $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                sqlx::query(move_up)
+                sqlx::query(record)
                     .bind(split)
-                    .bind(start)
-                    .bind(start)
-                    .bind(start)
-                    .bind(start)
                     .bind(tag)
                     .execute(&mut *tx)
                     .await?;
-                let row: Option<(i64,)> =
-                    sqlx::query_as(read).bind(tag).fetch_optional(&mut *tx).await?;
-                match row {
-                    Some((max_id,)) => Ok((tx, max_id)),
-                    None => Err($crate::storage::StoreError::UnknownTag(tag.to_string())),
-                }
+                $crate::storage::common::move_up!(tx, move_up, tag, start)
+            })
+            .await
+        }
+
+        async fn raise(&self, tag: &str, floor: i64) -> Result<i64, $crate::storage::StoreError> {
+            let move_up = &$crate::storage::common::move_up_sql($p);
+            $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                $crate::storage::common::move_up!(tx, move_up, tag, floor)
             })
             .await
         }
@@ -181,4 +172,47 @@ macro_rules! guard_tag_count {
 }
 
 pub(crate) use guard_tag_count;
+/// The statements that move a tag's `max_id` (and `exclusive_max`, so the next allocation
+/// starts exactly there) up to a floor, leaving a higher value alone; then read it back.
+/// `exclusive_max` comes first: MySQL's SET sees the values assigned to its left.
+pub(crate) fn move_up_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> [String; 2] {
+    [
+        format!(
+            "UPDATE leaf_alloc SET \
+             exclusive_max = CASE WHEN max_id < {} THEN {} ELSE exclusive_max END, \
+             max_id = CASE WHEN max_id < {} THEN {} ELSE max_id END WHERE biz_tag = {}",
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5)
+        ),
+        format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = {}", p(1)),
+    ]
+}
+
+/// Runs [`move_up_sql`] in `$tx`; evaluates to the `(tx, max_id)` a `committed` body returns.
+macro_rules! move_up {
+    ($tx:ident, $sql:expr, $tag:expr, $floor:expr) => {{
+        let [update, read] = $sql;
+        sqlx::query(update)
+            .bind($floor)
+            .bind($floor)
+            .bind($floor)
+            .bind($floor)
+            .bind($tag)
+            .execute(&mut *$tx)
+            .await?;
+        let row: Option<(i64,)> = sqlx::query_as(read)
+            .bind($tag)
+            .fetch_optional(&mut *$tx)
+            .await?;
+        match row {
+            Some((max_id,)) => Ok(($tx, max_id)),
+            None => Err($crate::storage::StoreError::UnknownTag($tag.to_string())),
+        }
+    }};
+}
+
+pub(crate) use move_up;
 pub(crate) use sql_segment_store;

@@ -114,6 +114,15 @@ impl SegmentStore for MemoryStore {
         Ok(row.max_id)
     }
 
+    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError> {
+        let mut rows = self.rows();
+        let row = rows
+            .get_mut(tag)
+            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        row.max_id = row.max_id.max(floor);
+        Ok(row.max_id)
+    }
+
     async fn claim_opaque(
         &self,
         tag: &str,

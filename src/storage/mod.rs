@@ -246,6 +246,10 @@ pub trait SegmentStore: Send + Sync + 'static {
     /// returns the `max_id` after.
     async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError>;
 
+    /// Moves the tag's `max_id` up to `floor` when it is below, so the next allocation starts
+    /// exactly there (a period tag entering a new period); returns the `max_id` after.
+    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError>;
+
     /// Records `marker` as the key under which the tag hands out opaque IDs, unless it has one
     /// already or its `max_id` has reached `below` (plain IDs served into the opaque range);
     /// returns the recorded marker and the tag's `max_id`, in one transaction.

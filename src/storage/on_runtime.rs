@@ -87,6 +87,12 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
             .await
     }
 
+    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError> {
+        let tag = tag.to_string();
+        self.run(|s| async move { s.raise(&tag, floor).await })
+            .await
+    }
+
     async fn claim_opaque(
         &self,
         tag: &str,

@@ -343,6 +343,10 @@ impl SegmentStore for FlakyStore {
         self.gate().await?;
         self.inner.resplit(tag, split, start).await
     }
+    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError> {
+        self.gate().await?;
+        self.inner.raise(tag, floor).await
+    }
     async fn claim_opaque(
         &self,
         tag: &str,

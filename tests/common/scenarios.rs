@@ -236,15 +236,7 @@ pub async fn nodes_started_at_once_all_come_up(url: &str, nodes: usize) {
     for _ in 0..nodes {
         let mut config = leafd::config::Config::default();
         config.storage.url = url.to_string();
-        config.segment.tags = vec![leafd::config::TagSeed {
-            tag: tag.clone(),
-            step: 10,
-            start: 1,
-            description: None,
-            delta: None,
-            remainder: None,
-            order: Default::default(),
-        }];
+        config.segment.tags = vec![leafd::config::TagSeed::new(tag.clone(), 10)];
         starts.spawn(leafd::app::App::open(super::test_config(config)));
     }
     let mut apps = Vec::new();

@@ -4,6 +4,7 @@
 mod buffer;
 mod load;
 pub mod opaque;
+pub mod period;
 mod settings;
 mod snapshot;
 pub mod step;
@@ -20,6 +21,7 @@ use tokio::sync::watch;
 pub use buffer::{store_reason, BufferState, Interleave, LoadFailure, Segment};
 pub use load::LoadObserver;
 pub use opaque::OpaqueCipher;
+pub use period::{Calendar, PeriodRule};
 pub use settings::{AutoCreate, SegmentSettings};
 pub use tags::{validate_tag_name, MAX_TAG_LEN, MAX_TAG_START};
 
@@ -40,6 +42,9 @@ pub enum SegmentError {
     /// The database handed out a range this node may already have served.
     #[error("tag '{tag}': the database returned IDs from {from}, at or below {mark}, the highest this node already loaded (restored backup or lossy failover?); refused until the table is past that mark (other loads move it; LEAF.TAG SKIP {tag} <n> at once)")]
     Rollback { tag: String, from: i64, mark: i64 },
+    /// A period tag's sequence numbers of this period are all handed out.
+    #[error("tag '{tag}': period {period} has used all its {last} sequence numbers; the next period starts again at 1")]
+    PeriodExhausted { tag: String, period: i64, last: i64 },
     #[error("tag '{0}' already exists")]
     TagExists(String),
     #[error("{0}")]
@@ -90,6 +95,11 @@ pub struct TagBuffer {
     strict: bool,
     /// Strict requests waiting for the next allocation of the tag.
     strict_waiting: Mutex<Vec<strict::Waiting>>,
+    /// A sequence that restarts each period (served strict).
+    period: Option<Arc<PeriodRule>>,
+    /// The period whose sequence numbers this node saw run out (0: none): no allocation is
+    /// asked for until the node's clock reaches the next period.
+    period_exhausted: std::sync::atomic::AtomicI64,
 }
 
 impl TagBuffer {
@@ -104,8 +114,10 @@ impl TagBuffer {
             allocating: tokio::sync::Mutex::new(()),
             opaque: settings.opaque_of(name),
             opaque_claimed: std::sync::atomic::AtomicBool::new(false),
-            strict: settings.strict.contains(name),
+            strict: settings.strict.contains(name) || settings.period.contains_key(name),
             strict_waiting: Mutex::new(Vec::new()),
+            period: settings.period.get(name).cloned(),
+            period_exhausted: std::sync::atomic::AtomicI64::new(0),
         }
     }
 
@@ -153,6 +165,8 @@ pub struct TagSnapshot {
     pub split: Option<String>,
     /// The fingerprint of an opaque tag's key and digits (`d10:…`), the same in every cluster.
     pub opaque: Option<String>,
+    /// A period tag's rule (`daily Asia/Shanghai 6`).
+    pub period: Option<String>,
     /// The step of the last load (the adaptive step).
     pub step: i64,
     /// The step stored in the table.
@@ -267,6 +281,24 @@ impl SegmentEngine {
             return None;
         }
         buffer.handed_out(self.take_from_buffers(buffer, n)?)
+    }
+
+    /// The next ID of a period tag in its string form (`ORD20261204000123`); a tag without a
+    /// period is refused before any ID is taken.
+    pub async fn next_code(self: &Arc<Self>, tag: &str) -> Result<String, SegmentError> {
+        let known = self.tags.load().get(tag.as_bytes()).cloned();
+        let buffer = match known {
+            Some(buffer) => buffer,
+            None => self.lookup_after_refresh(tag).await?,
+        };
+        let Some(rule) = buffer.period.clone() else {
+            return Err(SegmentError::Invalid(format!(
+                "tag '{}' has no period: LEAF.CODE serves the tags configured with one (INCR serves every tag)",
+                shown(tag)
+            )));
+        };
+        let id = self.next_strict(&buffer, 1).await?;
+        Ok(rule.code(id))
     }
 
     /// Hands out `n` contiguous IDs of `tag` and returns the last one (the caller owns

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Interleave, OpaqueCipher};
+use super::{Interleave, OpaqueCipher, PeriodRule};
 
 /// Tuning of the engine (the app fills it from the `[segment]` config section).
 #[derive(Debug, Clone)]
@@ -28,6 +28,8 @@ pub struct SegmentSettings {
     pub opaque: HashMap<String, Arc<OpaqueCipher>>,
     /// Tags whose IDs strictly increase across the cluster (`order = "strict"`).
     pub strict: HashSet<String>,
+    /// Tags whose sequence restarts each period (`period = "daily"`, …), served strict.
+    pub period: HashMap<String, Arc<PeriodRule>>,
 }
 
 impl SegmentSettings {

@@ -16,6 +16,7 @@ impl SegmentEngine {
                     order: if buffer.strict { "strict" } else { "trend" },
                     split: st.interleave.marker(),
                     opaque: buffer.opaque.as_ref().map(|c| c.marker().to_string()),
+                    period: buffer.period.as_ref().map(|rule| rule.describe()),
                     step: st.step,
                     table_step: st.table_step,
                     max_id: st.max_id,

@@ -6,9 +6,11 @@
 //! has not yet been sent; that allocation locks the row after the commit, so its range starts
 //! at or above the other's `max_id` (see `storage::SegmentStore::allocate`).
 
+use std::sync::atomic::Ordering;
+
 use tokio::sync::oneshot;
 
-use super::{SegmentEngine, SegmentError, TagBuffer};
+use super::{LoadFailure, PeriodRule, SegmentEngine, SegmentError, TagBuffer};
 
 /// A request waiting for the next allocation: how many IDs, and where its last one goes.
 pub(super) struct Waiting {
@@ -84,6 +86,14 @@ impl SegmentEngine {
         self.stats
             .request_waits
             .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        if let Some(rule) = &buffer.period {
+            if let Err(error) = self.enter_period(buffer, rule).await {
+                for waiting in batch {
+                    let _ = waiting.reply.send(Err(error.clone()));
+                }
+                return;
+            }
+        }
         let result = self.allocate_guarded_locked(buffer, Some(total)).await;
         let error = match result {
             Ok(Ok(alloc)) => {
@@ -97,7 +107,9 @@ impl SegmentEngine {
                 let mut next = alloc.first;
                 for waiting in batch {
                     next += waiting.n;
-                    let _ = waiting.reply.send(Ok(next - 1));
+                    let _ = waiting
+                        .reply
+                        .send(self.strict_id(buffer, next - waiting.n, next - 1));
                 }
                 return;
             }
@@ -122,6 +134,56 @@ impl SegmentEngine {
         };
         for waiting in batch {
             let _ = waiting.reply.send(Err(error.clone()));
+        }
+    }
+
+    /// The last ID of a request granted the positions `first..=last`: the position itself, or a
+    /// period tag's date and sequence when the whole block lies within the period's numbers.
+    fn strict_id(&self, buffer: &TagBuffer, first: i64, last: i64) -> Result<i64, SegmentError> {
+        let Some(rule) = &buffer.period else {
+            return Ok(last);
+        };
+        match (rule.id_at(first), rule.id_at(last)) {
+            (Some(_), Some(id)) => Ok(id),
+            _ => {
+                let period = rule.period_of(last);
+                buffer.period_exhausted.fetch_max(period, Ordering::Relaxed);
+                Err(SegmentError::PeriodExhausted {
+                    tag: buffer.name.to_string(),
+                    period,
+                    last: rule.last_sequence(),
+                })
+            }
+        }
+    }
+
+    /// Before a period tag's allocation: the row is raised to this node's period when the
+    /// last allocation this node saw was of an earlier one (a lagging clock never lowers it).
+    async fn enter_period(
+        &self,
+        buffer: &TagBuffer,
+        rule: &PeriodRule,
+    ) -> Result<(), SegmentError> {
+        let now = rule.period_at(self.clock.now_millis());
+        let exhausted = buffer.period_exhausted.load(Ordering::Relaxed);
+        if exhausted >= now {
+            return Err(SegmentError::PeriodExhausted {
+                tag: buffer.name.to_string(),
+                period: exhausted,
+                last: rule.last_sequence(),
+            });
+        }
+        if rule.period_of(buffer.lock().max_id) >= now {
+            return Ok(());
+        }
+        let floor = rule.first_position(now);
+        match super::tags::retry_conflicts(|| self.store.raise(&buffer.name, floor)).await {
+            Ok(max_id) => {
+                let mut st = buffer.lock();
+                st.max_id = st.max_id.max(max_id);
+                Ok(())
+            }
+            Err(e) => Err(self.failure_error(&buffer.name, LoadFailure::from_store(&e))),
         }
     }
 

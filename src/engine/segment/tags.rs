@@ -298,7 +298,7 @@ impl SegmentEngine {
 
 /// An admin write retried while it loses to a concurrent transaction (a Galera certification
 /// failure against an allocation on another member, a deadlock): up to 10 times, briefly.
-async fn retry_conflicts<T, F, Fut>(mut write: F) -> Result<T, StoreError>
+pub(super) async fn retry_conflicts<T, F, Fut>(mut write: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,

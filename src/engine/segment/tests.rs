@@ -18,6 +18,7 @@ fn engine(max_step: i64, clock: Arc<ManualClock>) -> Arc<SegmentEngine> {
         tag_interleave: Default::default(),
         opaque: Default::default(),
         strict: Default::default(),
+        period: Default::default(),
     };
     SegmentEngine::new(
         Arc::new(MemoryStore::new()),
@@ -123,6 +124,9 @@ impl SegmentStore for LateAnswers {
     async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError> {
         self.0.resplit(tag, split, start).await
     }
+    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError> {
+        self.0.raise(tag, floor).await
+    }
     async fn claim_opaque(
         &self,
         tag: &str,
@@ -155,6 +159,7 @@ async fn a_block_reserved_during_a_slow_load_is_not_taken_for_a_rollback() {
         tag_interleave: Default::default(),
         opaque: Default::default(),
         strict: Default::default(),
+        period: Default::default(),
     };
     let engine = SegmentEngine::new(
         Arc::new(LateAnswers(MemoryStore::new())),
@@ -213,6 +218,7 @@ fn opaque_engine(store: Arc<MemoryStore>, tag: &str, interleave: Interleave) -> 
         interleave: Default::default(),
         tag_interleave: [(tag.to_string(), interleave)].into_iter().collect(),
         strict: Default::default(),
+        period: Default::default(),
         opaque: [(
             tag.to_string(),
             Arc::new(OpaqueCipher::new(OPAQUE_TEST_KEY, tag, 4)),
@@ -308,6 +314,7 @@ async fn a_strict_tag_orders_requests_across_nodes() {
             tag_interleave: Default::default(),
             opaque: Default::default(),
             strict: ["s".to_string()].into_iter().collect(),
+            period: Default::default(),
         };
         SegmentEngine::new(
             store.clone(),

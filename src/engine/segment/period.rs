@@ -1,0 +1,205 @@
+//! Sequences that restart each period (`period = "daily"`, …): an ID is the period's date in a
+//! time zone followed by a sequence from 1 (`20261204000123`); the tag's one row orders periods.
+//!
+//! The row's `max_id` is a position, `period · 10^(digits + 1) + sequence`: one digit more than
+//! the ID holds, so the sequence numbers a period did not have (its digits ran out) stay in the
+//! gap below the next period and are never handed out. A period tag is served as a strict tag
+//! ([`super::strict`]): a node entering a new period first raises the row to that period's
+//! sequence 1 (never lowering it), and a node whose clock lags serves in whatever period the
+//! row is in. So the row never goes back a period, whatever any node's clock says.
+
+use jiff::tz::TimeZone;
+use jiff::Timestamp;
+
+/// The calendar unit a period tag's sequence restarts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Calendar {
+    Day,
+    Month,
+    Year,
+}
+
+impl Calendar {
+    pub fn name(self) -> &'static str {
+        match self {
+            Calendar::Day => "daily",
+            Calendar::Month => "monthly",
+            Calendar::Year => "yearly",
+        }
+    }
+}
+
+/// How one period tag turns positions of its row into IDs.
+#[derive(Debug)]
+pub struct PeriodRule {
+    calendar: Calendar,
+    time_zone: TimeZone,
+    /// The IANA name, as configured (for LEAF.TAGS).
+    zone_name: String,
+    digits: u32,
+    prefix: String,
+}
+
+impl PeriodRule {
+    /// `digits` sequence digits (checked by the configuration to keep positions in 18 digits).
+    pub fn new(
+        calendar: Calendar,
+        time_zone: TimeZone,
+        zone_name: &str,
+        digits: u32,
+        prefix: &str,
+    ) -> PeriodRule {
+        PeriodRule {
+            calendar,
+            time_zone,
+            zone_name: zone_name.to_string(),
+            digits,
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// The period a clock reading falls in, in the rule's time zone: `20261204` (daily),
+    /// `202612` (monthly) or `2026` (yearly).
+    pub fn period_at(&self, unix_ms: u64) -> i64 {
+        let instant = i64::try_from(unix_ms)
+            .ok()
+            .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+            .unwrap_or(Timestamp::MAX);
+        let date = instant.to_zoned(self.time_zone.clone()).date();
+        let (year, month, day) = (
+            i64::from(date.year()),
+            i64::from(date.month()),
+            i64::from(date.day()),
+        );
+        match self.calendar {
+            Calendar::Day => year * 10_000 + month * 100 + day,
+            Calendar::Month => year * 100 + month,
+            Calendar::Year => year,
+        }
+    }
+
+    /// `10^digits`: an ID is `period · scale + sequence`.
+    fn scale(&self) -> i64 {
+        10i64.pow(self.digits)
+    }
+
+    /// Positions of one period: one digit more than its sequence numbers.
+    fn span(&self) -> i64 {
+        10 * self.scale()
+    }
+
+    /// The row position of the period's sequence number 1.
+    pub fn first_position(&self, period: i64) -> i64 {
+        period * self.span() + 1
+    }
+
+    /// The period a row position belongs to (0 for a row no period has raised yet).
+    pub fn period_of(&self, position: i64) -> i64 {
+        position / self.span()
+    }
+
+    /// The ID at a row position; `None` past the period's last sequence number.
+    pub fn id_at(&self, position: i64) -> Option<i64> {
+        let sequence = position % self.span();
+        (1..self.scale())
+            .contains(&sequence)
+            .then(|| self.period_of(position) * self.scale() + sequence)
+    }
+
+    /// The most sequence numbers one period has.
+    pub fn last_sequence(&self) -> i64 {
+        self.scale() - 1
+    }
+
+    /// The string form of an ID: the prefix, the period's date, the zero-padded sequence.
+    pub fn code(&self, id: i64) -> String {
+        format!(
+            "{}{}{:0width$}",
+            self.prefix,
+            id / self.scale(),
+            id % self.scale(),
+            width = self.digits as usize
+        )
+    }
+
+    /// How LEAF.TAGS shows the rule: `daily Asia/Shanghai 6`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {} {}",
+            self.calendar.name(),
+            self.zone_name,
+            self.digits
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(calendar: Calendar, zone: &str, digits: u32) -> PeriodRule {
+        PeriodRule::new(calendar, TimeZone::get(zone).unwrap(), zone, digits, "ORD")
+    }
+
+    fn ms(rfc3339: &str) -> u64 {
+        rfc3339.parse::<Timestamp>().unwrap().as_millisecond() as u64
+    }
+
+    #[test]
+    fn the_period_follows_the_time_zone_calendar() {
+        let shanghai = rule(Calendar::Day, "Asia/Shanghai", 6);
+        // 16:00Z is midnight in Shanghai (+08:00).
+        assert_eq!(shanghai.period_at(ms("2026-12-04T15:59:59.999Z")), 20261204);
+        assert_eq!(shanghai.period_at(ms("2026-12-04T16:00:00Z")), 20261205);
+        let utc = rule(Calendar::Day, "UTC", 6);
+        assert_eq!(utc.period_at(ms("2026-12-04T16:00:00Z")), 20261204);
+        let monthly = rule(Calendar::Month, "America/New_York", 4);
+        assert_eq!(monthly.period_at(ms("2027-01-01T04:59:59Z")), 202612);
+        assert_eq!(monthly.period_at(ms("2027-01-01T05:00:00Z")), 202701);
+        let yearly = rule(Calendar::Year, "Asia/Kolkata", 9);
+        assert_eq!(yearly.period_at(ms("2026-12-31T18:29:59Z")), 2026);
+        assert_eq!(yearly.period_at(ms("2026-12-31T18:30:00Z")), 2027);
+    }
+
+    #[test]
+    fn positions_map_to_ids_and_stop_at_the_last_sequence_number() {
+        let daily = rule(Calendar::Day, "UTC", 3);
+        let first = daily.first_position(20261204);
+        assert_eq!(first, 202612040001);
+        assert_eq!(daily.id_at(first), Some(20261204001));
+        assert_eq!(daily.id_at(first + 998), Some(20261204999));
+        assert_eq!(daily.last_sequence(), 999);
+        // Past the last sequence number: the gap, never the next period's numbers.
+        assert_eq!(daily.id_at(first + 999), None);
+        assert_eq!(daily.id_at(daily.first_position(20261205) - 1), None);
+        assert_eq!(daily.id_at(first - 1), None, "sequence 0 is never an ID");
+        assert_eq!(daily.period_of(first + 5000), 20261204);
+        assert_eq!(daily.period_of(1), 0);
+        // The next period's positions are above every position of this one.
+        assert!(daily.first_position(20261205) > first + 9_000);
+        assert!(daily.first_position(20270101) > daily.first_position(20261231));
+    }
+
+    #[test]
+    fn the_code_is_prefix_date_and_padded_sequence() {
+        let daily = rule(Calendar::Day, "UTC", 6);
+        assert_eq!(daily.code(20261204000123), "ORD20261204000123");
+        assert_eq!(daily.code(20261204999999), "ORD20261204999999");
+        assert_eq!(daily.describe(), "daily UTC 6");
+    }
+
+    #[test]
+    fn the_widest_positions_fit_an_i64() {
+        // 17 - date digits sequence digits: positions of the year 9999 stay in 18 digits.
+        for (calendar, period, digits) in [
+            (Calendar::Day, 99991231, 9),
+            (Calendar::Month, 999912, 11),
+            (Calendar::Year, 9999, 13),
+        ] {
+            let r = rule(calendar, "UTC", digits);
+            let last = r.first_position(period) + r.last_sequence() - 1;
+            assert!(last < 10i64.pow(18), "{calendar:?}");
+            assert!(r.id_at(last).is_some());
+        }
+    }
+}
