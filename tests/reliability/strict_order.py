@@ -8,10 +8,13 @@ any nodes, every ID of the second is larger than every ID of the first; and no I
 check sorts by send time and sweeps the replies that came before each send.
 
 Faults in the same run: one node SIGKILLed and restarted, one SIGSTOPped for 1.5 s and resumed.
+`--period` runs the same check on a daily tag (Asia/Shanghai) across a midnight: every node under
+libfaketime, their clocks a second apart, one SIGKILLed and restarted; it also checks that the
+new day starts at sequence 1 and that no node serves the old day after the new one's first reply.
 `--bench` instead measures IDs/s and latency of the strict tag against a trend-increasing tag on
 the same database, 1 and 3 nodes, pipeline 1 and 32, and prints a Markdown table.
 
-    python3 tests/reliability/strict_order.py LEAFD_BIN mysql|postgres [--seconds S] [--bench]
+    python3 tests/reliability/strict_order.py LEAFD_BIN mysql|postgres [--seconds S] [--bench|--period]
 """
 import argparse
 import os
@@ -113,11 +116,12 @@ def check(records):
     return violations, repeats, example, len(ids)
 
 
-def start_nodes(binary, work, url, count, tag, order, prefix="n"):
+def start_nodes(binary, work, url, count, tag, order, prefix="n", seed=None, envs=None):
     config = {"segment": {"adaptive_step": True},
-              "segment.tags": [{"tag": tag, "step": 1000, "order": order}],
+              "segment.tags": [seed or {"tag": tag, "step": 1000, "order": order}],
               "snowflake": {"coordinator": "static", "worker_id": 1}}
-    nodes = [leafd.Node(binary, work, f"{prefix}{i}", storage_url=url, config=config)
+    nodes = [leafd.Node(binary, work, f"{prefix}{i}", storage_url=url, config=config,
+                        env=(envs or {}).get(i))
              for i in range(count)]
     for node in nodes:
         node.start()
@@ -176,6 +180,81 @@ def run_order_test(binary, dialect, seconds, order="strict"):
     return not failures
 
 
+SHANGHAI = 8 * 3600
+DIGITS = 6
+
+
+def run_period_test(binary, dialect, seconds):
+    """A daily tag across Shanghai's midnight: node clocks (libfaketime) reach it 4 s, 3 s and
+    4 s after the start, n1 a second behind the others; n0 SIGKILLed and restarted right after
+    the boundary."""
+    started = time.monotonic()
+    name = f"leafd_period_{os.getpid()}"
+    sql(dialect, f"CREATE DATABASE {name}")
+    work = tempfile.mkdtemp(prefix="leafd-period-")
+    now = time.time()
+    # The next Shanghai midnight at least 4 s away, as an offset from the real clock.
+    midnight = (int((now + SHANGHAI + 4) // 86400) + 1) * 86400 - SHANGHAI
+    ahead = int(midnight - now - 4)
+    envs = {0: leafd.faketime_env(f"+{ahead}"), 1: leafd.faketime_env(f"+{ahead - 1}"),
+            2: leafd.faketime_env(f"+{ahead}")}
+    day = time.strftime("%Y%m%d", time.gmtime(midnight + SHANGHAI - 1))
+    next_day = time.strftime("%Y%m%d", time.gmtime(midnight + SHANGHAI))
+    seed = {"tag": "ord", "step": 100, "period": "daily", "time_zone": "Asia/Shanghai",
+            "sequence_digits": DIGITS, "prefix": "ORD"}
+    nodes, failures = [], []
+    try:
+        nodes = start_nodes(binary, work, database_url(dialect, name), 3, "ord", "strict",
+                            seed=seed, envs=envs)
+        stop = threading.Event()
+        clients = [Client(node, "segment:ord", depth, stop)
+                   for node in nodes for depth in (1, 1, 8, 32)]
+        for client in clients:
+            client.start()
+        time.sleep(max(0.0, midnight - time.time() - ahead + 0.3))
+        nodes[0].kill()  # SIGKILL just past the boundary, then back
+        nodes[0].start()
+        nodes[0].wait_ready(30)
+        time.sleep(max(1.0, seconds - (time.monotonic() - started)))
+        stop.set()
+        for client in clients:
+            client.join(15)
+        records = [r for c in clients for r in c.records]
+        errors = [e for c in clients for e in c.errors]
+        violations, repeats, example, distinct = check(records)
+        scale = 10 ** DIGITS
+        days = {}
+        for _, _, first, last, _ in records:
+            days.setdefault(str(first // scale), []).append(first % scale)
+        print(f"  {dialect} period: {len(records)} requests ({distinct} IDs) from 3 nodes across "
+              f"{day}/{next_day} midnight in Shanghai (clocks: n1 1 s behind), SIGKILL + restart "
+              f"of n0; IDs per day { {d: len(v) for d, v in days.items()} }; real-time order "
+              f"violations {violations}, repeats {repeats}, error replies {len(errors)}")
+        if violations:
+            failures.append(f"{violations} real-time order violations, e.g. {example}")
+        if repeats:
+            failures.append(f"{repeats} repeated IDs")
+        if set(days) != {day, next_day}:
+            failures.append(f"days served {sorted(days)}, expected {day} and {next_day}")
+        elif min(days[next_day]) != 1 or min(days[day]) != 1:
+            failures.append(f"a day did not start at 1: {min(days[day])}, {min(days[next_day])}")
+        first_new = min((r[1] for r in records if str(r[2] // scale) == next_day), default=None)
+        late_old = [r for r in records if str(r[2] // scale) == day and first_new is not None
+                    and r[0] > first_new]
+        if late_old:
+            failures.append(f"{len(late_old)} requests sent after the first {next_day} reply got "
+                            f"{day}, e.g. {late_old[0]}")
+        unexpected = [e for e in errors if not e.startswith("UNAVAILABLE")]
+        if unexpected:
+            failures.append(f"unexpected error replies: {unexpected[:3]}")
+    finally:
+        leafd.stop_all(nodes)
+        sql(dialect, f"DROP DATABASE IF EXISTS {name}")
+        subprocess.run(["rm", "-rf", work], check=False)
+    leafd.print_outcome(f"strict_order period {dialect}", failures, started)
+    return not failures
+
+
 def percentile(values, p):
     values = sorted(values)
     return values[min(len(values) - 1, int(len(values) * p))] if values else 0
@@ -229,12 +308,16 @@ def main():
     parser.add_argument("dialect", choices=sorted(SERVERS))
     parser.add_argument("--seconds", type=float, default=9)
     parser.add_argument("--bench", action="store_true")
+    parser.add_argument("--period", action="store_true",
+                        help="a daily tag across a midnight, clocks a second apart")
     parser.add_argument("--order", default="strict", choices=("strict", "trend"),
                         help="trend: show that the check catches a trend-increasing tag")
     args = parser.parse_args()
     if args.bench:
         run_bench(args.binary, args.dialect, args.seconds)
         return
+    if args.period:
+        sys.exit(0 if run_period_test(args.binary, args.dialect, args.seconds) else 1)
     sys.exit(0 if run_order_test(args.binary, args.dialect, args.seconds, args.order) else 1)
 
 
