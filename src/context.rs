@@ -120,6 +120,12 @@ impl Context {
             m.counter(SEGMENT_FAILOVER_SKIPS_TOTAL, &[("tag", tag)])
                 .absolute(t.failover_skips);
             m.gauge(SEGMENT_STEP, &[("tag", tag)]).set(t.step as f64);
+            let period = t.period.as_deref().unwrap_or("none");
+            m.gauge(
+                SEGMENT_TAG_INFO,
+                &[("tag", tag), ("order", t.order), ("period", period)],
+            )
+            .set(1.0);
             for (buffer, segment) in [("current", t.current), ("next", t.next)] {
                 let remaining = segment.map_or(0, |s| s.remaining().max(0));
                 m.gauge(SEGMENT_REMAINING_IDS, &[("tag", tag), ("buffer", buffer)])

@@ -119,6 +119,7 @@ async fn metrics_page_has_the_design_metrics() {
         "leafd_command_duration_seconds_bucket{command=\"incr\",le=\"0.0001\"}",
         "leafd_connections_open ",
         "leafd_segment_ids_total{tag=\"web\"} 20",
+        "leafd_segment_tag_info{tag=\"web\",order=\"trend\",period=\"none\"} 1",
         "leafd_segment_loads_total{tag=\"web\",result=\"ok\"} 2",
         "leafd_segment_load_duration_seconds_bucket{tag=\"web\"",
         "leafd_segment_remaining_ids{tag=\"web\",buffer=\"current\"} 80",

@@ -11,6 +11,7 @@ pub const SEGMENT_LOAD_DURATION_SECONDS: &str = "leafd_segment_load_duration_sec
 pub const SEGMENT_REMAINING_IDS: &str = "leafd_segment_remaining_ids";
 pub const SEGMENT_PRELOAD_THRESHOLD_IDS: &str = "leafd_segment_preload_threshold_ids";
 pub const SEGMENT_STEP: &str = "leafd_segment_step";
+pub const SEGMENT_TAG_INFO: &str = "leafd_segment_tag_info";
 pub const SEGMENT_REQUEST_WAITS_TOTAL: &str = "leafd_segment_request_waits_total";
 pub const SEGMENT_ROLLBACKS_TOTAL: &str = "leafd_segment_rollbacks_total";
 pub const SEGMENT_FAILOVER_SKIPS_TOTAL: &str = "leafd_segment_failover_skips_total";
@@ -106,6 +107,10 @@ pub(super) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         SEGMENT_STEP,
         "Step of the tag's last segment load (Leaf's adaptive step).",
+    ),
+    (
+        SEGMENT_TAG_INFO,
+        "Always 1; the labels say how the tag hands out IDs: order (trend or strict) and period (none, or e.g. daily Asia/Shanghai 6).",
     ),
     (
         SEGMENT_REQUEST_WAITS_TOTAL,
