@@ -139,6 +139,7 @@ impl StorageConfig {
                     "password",
                     "application_name",
                     "options",
+                    "target_session_attrs",
                 ],
             )
         } else if self.url.starts_with("mysql") || self.url.starts_with("mariadb") {

@@ -11,6 +11,7 @@ mod memory;
 mod migrate;
 mod mysql;
 mod on_runtime;
+mod pg_hosts;
 mod postgres;
 mod returning;
 mod sqlite;

@@ -17,8 +17,10 @@ pub struct PostgresStore {
 impl PostgresStore {
     /// Connects (failing fast on a bad URL or credentials) and migrates when asked to.
     pub async fn open(config: &StorageConfig, migrate: bool) -> Result<PostgresStore, StoreError> {
-        let options = PgConnectOptions::from_str(&config.url)?;
-        let pool = connect_pool(config, options).await?;
+        let pool = match super::pg_hosts::parse(&config.url)? {
+            Some(hosts) => super::pg_hosts::connect(config, hosts).await?,
+            None => connect_pool(config, PgConnectOptions::from_str(&config.url)?).await?,
+        };
         if migrate {
             // sqlx holds pg_advisory_lock (which blocks) around the migrations: nodes
             // starting at once wait for each other.
