@@ -40,9 +40,6 @@ fn segment_engine(
         load_timeout: Duration::from_secs(1),
         max_tags: 1000,
         failover_margin: 0,
-        auto_create: None,
-        interleave: Default::default(),
-        tag_interleave: Default::default(),
         opaque: opaque_digits
             .map(|digits| {
                 let cipher = OpaqueCipher::new(b"a benchmark key of 16+ bytes", "bench", digits);
@@ -50,8 +47,7 @@ fn segment_engine(
             })
             .into_iter()
             .collect(),
-        strict: Default::default(),
-        period: Default::default(),
+        ..SegmentSettings::default()
     };
     let engine = SegmentEngine::new(
         Arc::new(MemoryStore::new()),

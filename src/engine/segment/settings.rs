@@ -32,6 +32,25 @@ pub struct SegmentSettings {
     pub period: HashMap<String, Arc<PeriodRule>>,
 }
 
+impl Default for SegmentSettings {
+    /// The `[segment]` section's defaults, every tag plain (tests and benchmarks start here).
+    fn default() -> Self {
+        SegmentSettings {
+            adaptive_step: true,
+            max_step: 1_000_000,
+            load_timeout: Duration::from_secs(1),
+            max_tags: 10_000,
+            failover_margin: 10_000_000,
+            auto_create: None,
+            interleave: Interleave::default(),
+            tag_interleave: HashMap::new(),
+            opaque: HashMap::new(),
+            strict: HashSet::new(),
+            period: HashMap::new(),
+        }
+    }
+}
+
 impl SegmentSettings {
     /// The interleave of `tag`: its own, else the cluster's.
     pub fn interleave_of(&self, tag: &str) -> Interleave {

@@ -13,12 +13,7 @@ fn engine(max_step: i64, clock: Arc<ManualClock>) -> Arc<SegmentEngine> {
         load_timeout: Duration::from_secs(1),
         max_tags: 1000,
         failover_margin: 0,
-        auto_create: None,
-        interleave: Default::default(),
-        tag_interleave: Default::default(),
-        opaque: Default::default(),
-        strict: Default::default(),
-        period: Default::default(),
+        ..SegmentSettings::default()
     };
     SegmentEngine::new(
         Arc::new(MemoryStore::new()),
@@ -154,12 +149,7 @@ async fn a_block_reserved_during_a_slow_load_is_not_taken_for_a_rollback() {
         load_timeout: Duration::from_secs(2),
         max_tags: 10,
         failover_margin: 0,
-        auto_create: None,
-        interleave: Default::default(),
-        tag_interleave: Default::default(),
-        opaque: Default::default(),
-        strict: Default::default(),
-        period: Default::default(),
+        ..SegmentSettings::default()
     };
     let engine = SegmentEngine::new(
         Arc::new(LateAnswers(MemoryStore::new())),
@@ -214,17 +204,14 @@ fn opaque_engine(store: Arc<MemoryStore>, tag: &str, interleave: Interleave) -> 
         load_timeout: Duration::from_secs(1),
         max_tags: 10,
         failover_margin: 0,
-        auto_create: None,
-        interleave: Default::default(),
         tag_interleave: [(tag.to_string(), interleave)].into_iter().collect(),
-        strict: Default::default(),
-        period: Default::default(),
         opaque: [(
             tag.to_string(),
             Arc::new(OpaqueCipher::new(OPAQUE_TEST_KEY, tag, 4)),
         )]
         .into_iter()
         .collect(),
+        ..SegmentSettings::default()
     };
     SegmentEngine::new(
         store,
@@ -309,12 +296,8 @@ async fn a_strict_tag_orders_requests_across_nodes() {
             load_timeout: Duration::from_secs(5),
             max_tags: 10,
             failover_margin: 0,
-            auto_create: None,
-            interleave: Default::default(),
-            tag_interleave: Default::default(),
-            opaque: Default::default(),
             strict: ["s".to_string()].into_iter().collect(),
-            period: Default::default(),
+            ..SegmentSettings::default()
         };
         SegmentEngine::new(
             store.clone(),
