@@ -450,7 +450,7 @@ async fn api_edges_answer_clearly_and_change_nothing() {
         get(&server, "/nope", None).await,
         (
             404,
-            "no such path: /nope (see the README's HTTP section)\n".into()
+            "no such path: /nope (the paths: docs/reference/http.md)\n".into()
         )
     );
     let wrong = client

@@ -114,7 +114,7 @@ async fn not_found(uri: axum::http::Uri) -> Response {
     let cut = if shown.len() < path.len() { "…" } else { "" };
     text(
         StatusCode::NOT_FOUND,
-        format!("no such path: {shown}{cut} (see the README's HTTP section)\n"),
+        format!("no such path: {shown}{cut} (the paths: docs/reference/http.md)\n"),
     )
 }
 
