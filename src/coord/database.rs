@@ -258,6 +258,9 @@ fn renew_problem(since_ms: u64) -> String {
     )
 }
 
+/// How soon a failed lease renewal is tried again (a few statements a second per node).
+const RETRY_FAILED_RENEWAL: Duration = Duration::from_millis(200);
+
 /// Renews the lease every `interval`; a renewal that finds the row another owner's revokes
 /// the id for good.
 #[allow(clippy::too_many_arguments)]
@@ -275,9 +278,16 @@ async fn renew(
 ) {
     let mut failing = false;
     loop {
+        // After a failed renewal, try again soon: the database may take writes again within
+        // a second (a failover, a Galera member rejoining), and the lease stops IDs at its half.
+        let pause = if failing {
+            interval.min(RETRY_FAILED_RENEWAL)
+        } else {
+            interval
+        };
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
         let now = clock.now_millis();
         let fence = now + half_lease_ms + interval.as_millis() as u64;
