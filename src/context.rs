@@ -149,6 +149,7 @@ impl Context {
             let worker = engine.worker_id().to_string();
             let coordinator = match self.config.snowflake.coordinator {
                 crate::config::CoordinatorKind::Database => "database",
+                crate::config::CoordinatorKind::Etcd => "etcd",
                 crate::config::CoordinatorKind::Zookeeper => "zookeeper",
                 crate::config::CoordinatorKind::Static => "static",
             };

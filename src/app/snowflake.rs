@@ -89,6 +89,29 @@ pub(super) async fn start_snowflake(
                 clock: clock.clone(),
                 state_file: config.storage.state_dir().join("snowflake-worker-db.json"),
                 layout: Arc::new(layout),
+                kind: "database",
+                link: None,
+            })
+        }
+        CoordinatorKind::Etcd => {
+            let leases = coord::etcd::EtcdLeases::new(&sf.etcd)
+                .map_err(|e| CoordError::Database(e.to_string()))?;
+            let link = leases.status.clone();
+            let endpoint = coord::identity::endpoint(None, config.resp_bind())
+                .unwrap_or_else(|_| config.resp_bind().to_string());
+            Box::new(coord::database::DatabaseCoordinator {
+                store: Arc::new(leases),
+                endpoint,
+                max_worker_id: layout.max_worker_id(),
+                lease_ms: sf.etcd.lease_ms,
+                clock: clock.clone(),
+                state_file: config
+                    .storage
+                    .state_dir()
+                    .join("snowflake-worker-etcd.json"),
+                layout: Arc::new(layout),
+                kind: "etcd",
+                link: Some(link),
             })
         }
     };

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 pub use http::HttpConfig;
 pub use segment::{OpaqueTag, Period, SegmentConfig, TagOrder, TagSeed};
 pub use server::{ServerConfig, UserConfig};
-pub use snowflake::{CoordinatorKind, SnowflakeConfig, ZookeeperConfig};
+pub use snowflake::{CoordinatorKind, EtcdConfig, SnowflakeConfig, ZookeeperConfig};
 pub use storage::StorageConfig;
 pub use tls::TlsConfig;
 

@@ -16,6 +16,9 @@ pub enum CoordinatorKind {
     /// default, so nodes sharing a database need no worker id by hand.
     #[default]
     Database,
+    /// Leases in etcd (`[snowflake.etcd]`): the same rules as the database's, for sites that
+    /// run etcd already (Patroni, Kubernetes).
+    Etcd,
 }
 
 /// The snowflake engine and its worker id.
@@ -54,6 +57,36 @@ pub struct SnowflakeConfig {
     /// that cannot renew for half of it stops issuing.
     pub database_lease_ms: u64,
     pub zookeeper: ZookeeperConfig,
+    pub etcd: EtcdConfig,
+}
+
+/// Worker-id leases in etcd, through its v3 JSON gateway (HTTP).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// Client URLs of the etcd members (`http://etcd1:2379`), tried in order.
+    pub endpoints: Vec<String>,
+    /// Parent of every cluster's keys.
+    pub root: String,
+    /// Name of this leafd cluster: nodes with the same name share one worker-id space.
+    pub cluster: String,
+    /// A worker id's etcd lease lasts this long (whole seconds, at least 2); a node that
+    /// cannot renew for half of it stops issuing.
+    pub lease_ms: u64,
+    /// Longest one request to etcd may take before the next endpoint is tried.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            root: "/leafd/snowflake".into(),
+            cluster: "default".into(),
+            lease_ms: 10_000,
+            request_timeout_ms: 2_000,
+        }
+    }
 }
 
 impl Default for SnowflakeConfig {
@@ -76,6 +109,7 @@ impl Default for SnowflakeConfig {
             fence_wait_ms: 1000,
             database_lease_ms: 10_000,
             zookeeper: ZookeeperConfig::default(),
+            etcd: EtcdConfig::default(),
         }
     }
 }
@@ -163,11 +197,38 @@ impl SnowflakeConfig {
             || (self.coordinator == CoordinatorKind::Database && self.database_lease_ms < 4 * unit)
             || (self.coordinator == CoordinatorKind::Zookeeper
                 && self.zookeeper.lease_ms < 4 * unit)
+            || (self.coordinator == CoordinatorKind::Etcd && self.etcd.lease_ms < 4 * unit)
         {
             return Err(
                 "snowflake.fence_window_ms and the coordinator's lease must be at least 4 × time_unit_ms"
                     .into(),
             );
+        }
+        let etcd = &self.etcd;
+        if self.coordinator == CoordinatorKind::Etcd {
+            if etcd.lease_ms < 2000 || !etcd.lease_ms.is_multiple_of(1000) {
+                return Err(
+                    "snowflake.etcd.lease_ms must be whole seconds, at least 2000 (etcd leases count seconds)"
+                        .into(),
+                );
+            }
+            if etcd.endpoints.is_empty() || etcd.endpoints.iter().any(|e| !e.starts_with("http://"))
+            {
+                return Err(
+                    "snowflake.etcd.endpoints must list etcd client URLs (http://host:2379; TLS to etcd is not supported yet)"
+                        .into(),
+                );
+            }
+            if !etcd.root.starts_with('/') || etcd.root.ends_with('/') || etcd.cluster.contains('/')
+            {
+                return Err(
+                    "snowflake.etcd.root must start and not end with '/', cluster has no '/'"
+                        .into(),
+                );
+            }
+            if etcd.request_timeout_ms == 0 {
+                return Err("snowflake.etcd.request_timeout_ms must be > 0".into());
+            }
         }
         let zk = &self.zookeeper;
         if self.coordinator == CoordinatorKind::Zookeeper {

@@ -33,6 +33,10 @@ pub struct DatabaseCoordinator {
     pub state_file: PathBuf,
     /// The snowflake layout this node issues in; the table records the cluster's.
     pub layout: Arc<dyn LayoutRecord>,
+    /// `database`, or `etcd` for the same leases kept in etcd ([`super::etcd`]).
+    pub kind: &'static str,
+    /// The link to a lease service other than the database (INFO, metrics).
+    pub link: Option<Arc<super::LinkStatus>>,
 }
 
 impl DatabaseCoordinator {
@@ -44,6 +48,15 @@ impl DatabaseCoordinator {
     /// that follows this one was due, so an outage shorter than half the lease never stops it.
     fn fence_after_renewal(&self) -> u64 {
         self.clock.now_millis() + self.lease_ms / 2 + self.renew_interval().as_millis() as u64
+    }
+
+    /// Where the leases are, as messages name it.
+    fn table(&self) -> &'static str {
+        if self.kind == "etcd" {
+            "etcd"
+        } else {
+            "leaf_worker"
+        }
     }
 
     fn previous(&self) -> Option<u64> {
@@ -105,13 +118,14 @@ impl DatabaseCoordinator {
             self.layout
                 .may_follow(&other, fence.max(now + self.lease_ms), now)
                 .map_err(|why| {
-                    CoordError::LayoutChange(format!("{why} (recorded in leaf_worker)"))
+                    CoordError::LayoutChange(format!("{why} (recorded in {})", self.table()))
                 })?;
             expected = Some(other);
         }
-        Err(CoordError::LayoutChange(
-            "the layout recorded in leaf_worker kept changing (nodes with different layouts starting at once)".into(),
-        ))
+        Err(CoordError::LayoutChange(format!(
+            "the layout recorded in {} kept changing (nodes with different layouts starting at once)",
+            self.table()
+        )))
     }
 
     /// The ids to try, in order: the previous one, the never-used ones from the lowest (nodes
@@ -140,7 +154,13 @@ fn db(e: crate::storage::StoreError) -> CoordError {
 #[async_trait]
 impl Coordinator for DatabaseCoordinator {
     fn kind(&self) -> &'static str {
-        "database"
+        self.kind
+    }
+
+    fn status(&self) -> Option<Arc<dyn super::CoordinatorStatus>> {
+        self.link
+            .clone()
+            .map(|link| link as Arc<dyn super::CoordinatorStatus>)
     }
 
     async fn acquire(&self, limit: Arc<IssueLimit>) -> Result<Box<dyn HeldWorker>, CoordError> {
@@ -177,8 +197,9 @@ impl Coordinator for DatabaseCoordinator {
         let Some((worker_id, floor_ms)) = granted else {
             return Err(CoordError::NoFreeWorkerId(format!(
                 // A node killed less than a lease ago still holds its id: "live" would mislead.
-                "all {} ids of leaf_worker are leased (by running nodes, or by stopped ones whose lease has not run out)",
-                self.max_worker_id + 1
+                "all {} ids of {} are leased (by running nodes, or by stopped ones whose lease has not run out)",
+                self.max_worker_id + 1,
+                self.table()
             )));
         };
         let floor_ms = if after_failover {
@@ -218,7 +239,8 @@ impl Coordinator for DatabaseCoordinator {
                 return Err(match other {
                     Err(e) => db(e),
                     Ok(recorded) => CoordError::LayoutChange(format!(
-                        "the layout recorded in leaf_worker changed to {} while this node ({mine}) claimed worker id {worker_id}",
+                        "the layout recorded in {} changed to {} while this node ({mine}) claimed worker id {worker_id}",
+                        self.table(),
                         recorded.as_deref().unwrap_or("nothing")
                     )),
                 });
@@ -228,7 +250,11 @@ impl Coordinator for DatabaseCoordinator {
         self.remember(worker_id);
         tracing::info!(worker_id, owner = %owner, "snowflake worker id leased from the database");
         let stop = CancellationToken::new();
+        if let Some(link) = &self.link {
+            link.reported(self.clock.now_millis());
+        }
         let task = tokio::spawn(renew(
+            self.link.clone(),
             self.layout.descriptor(),
             self.store.clone(),
             owner.clone(),
@@ -265,6 +291,7 @@ const RETRY_FAILED_RENEWAL: Duration = Duration::from_millis(200);
 /// the id for good.
 #[allow(clippy::too_many_arguments)]
 async fn renew(
+    link: Option<Arc<super::LinkStatus>>,
     layout: String,
     store: Arc<dyn WorkerLeaseStore>,
     owner: String,
@@ -301,7 +328,7 @@ async fn renew(
                 match store.record_layout(Some(&layout), &layout).await {
                     Ok(Some(recorded)) if recorded != layout => {
                         limit.revoke(format!(
-                            "the cluster's snowflake layout changed to {recorded} (leaf_worker); this node issues {layout} and stopped"
+                            "the cluster's snowflake layout changed to {recorded}; this node issues {layout} and stopped"
                         ));
                         return;
                     }
@@ -314,6 +341,9 @@ async fn renew(
                     }
                 }
                 limit.set_lease(fence, Some(renew_problem(now)));
+                if let Some(link) = &link {
+                    link.reported(now);
+                }
                 if std::mem::take(&mut failing) {
                     tracing::info!(worker_id, "worker-id lease renewals succeed again");
                 }
@@ -460,6 +490,8 @@ mod tests {
             clock: Arc::new(SystemClock),
             state_file: dir.path().join("worker.json"),
             layout: Arc::new(Fixed("this layout")),
+            kind: "database",
+            link: None,
         };
         let err = match coordinator.acquire(Arc::new(IssueLimit::new())).await {
             Err(e) => e.to_string(),

@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod database;
+pub mod etcd;
 pub mod fence;
 pub mod fence_file;
 pub mod identity;
@@ -90,6 +91,47 @@ pub trait CoordinatorStatus: Send + Sync {
     fn connected(&self) -> bool;
     /// Clock time (UNIX ms) of the last report the service accepted.
     fn last_report_ms(&self) -> u64;
+}
+
+/// The link of a lease coordinator to its service (etcd): whether the last request was
+/// answered, and when a renewal last succeeded.
+#[derive(Debug)]
+pub struct LinkStatus {
+    kind: &'static str,
+    connected: std::sync::atomic::AtomicBool,
+    last_report_ms: std::sync::atomic::AtomicU64,
+}
+
+impl LinkStatus {
+    pub fn new(kind: &'static str) -> LinkStatus {
+        LinkStatus {
+            kind,
+            connected: Default::default(),
+            last_report_ms: Default::default(),
+        }
+    }
+    pub fn set_connected(&self, up: bool) {
+        self.connected
+            .store(up, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// A renewal succeeded at `now_ms`.
+    pub fn reported(&self, now_ms: u64) {
+        self.last_report_ms
+            .store(now_ms, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl CoordinatorStatus for LinkStatus {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+    fn connected(&self) -> bool {
+        self.connected.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    fn last_report_ms(&self) -> u64 {
+        self.last_report_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// Where worker ids come from. An implementation sets the lease part of the limit it is given

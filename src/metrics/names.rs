@@ -27,12 +27,15 @@ pub const BUILD_INFO: &str = "leafd_build_info";
 pub const SNOWFLAKE_WORKER_INFO: &str = "leafd_snowflake_worker_info";
 pub const ZOOKEEPER_CONNECTED: &str = "leafd_zookeeper_connected";
 pub const ZOOKEEPER_LAST_REPORT_AGE_SECONDS: &str = "leafd_zookeeper_last_report_age_seconds";
+pub const ETCD_CONNECTED: &str = "leafd_etcd_connected";
+pub const ETCD_LAST_REPORT_AGE_SECONDS: &str = "leafd_etcd_last_report_age_seconds";
 
 /// The two gauges of a coordinator's link (connected, seconds since the last report), by the
 /// coordinator's kind.
 pub fn coordinator_metrics(kind: &str) -> Option<(&'static str, &'static str)> {
     match kind {
         "zookeeper" => Some((ZOOKEEPER_CONNECTED, ZOOKEEPER_LAST_REPORT_AGE_SECONDS)),
+        "etcd" => Some((ETCD_CONNECTED, ETCD_LAST_REPORT_AGE_SECONDS)),
         _ => None,
     }
 }
@@ -137,5 +140,13 @@ pub(super) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         ZOOKEEPER_LAST_REPORT_AGE_SECONDS,
         "Seconds since this node last reported its time to ZooKeeper.",
+    ),
+    (
+        ETCD_CONNECTED,
+        "1 while etcd answers this node's requests, else 0.",
+    ),
+    (
+        ETCD_LAST_REPORT_AGE_SECONDS,
+        "Seconds since this node last renewed its worker-id lease in etcd.",
     ),
 ];

@@ -1,0 +1,197 @@
+//! The etcd coordinator (`snowflake.coordinator = "etcd"`) against a real etcd
+//! (LEAFD_TEST_ETCD, e.g. http://127.0.0.1:2379): distinct ids, a restart keeps its id, a holder
+//! cut off from etcd stops before another node may take its id, the layout record. Each test
+//! uses its own cluster name.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::backends::required_env;
+use common::proxy::TcpProxy;
+use common::scenarios::unique_tag;
+use leafd::app::App;
+use leafd::clock::{Clock, SystemClock};
+use leafd::config::{Config, CoordinatorKind};
+use leafd::engine::snowflake::Layout;
+
+fn node(endpoint: &str, cluster: &str, state: &tempfile::TempDir) -> Config {
+    let mut config = Config::default();
+    config.storage.url = format!("sqlite://{}/leafd.db", state.path().display());
+    config.storage.state_dir = state.path().display().to_string();
+    config.snowflake.coordinator = CoordinatorKind::Etcd;
+    config.snowflake.etcd.endpoints = vec![endpoint.to_string()];
+    config.snowflake.etcd.cluster = cluster.to_string();
+    config.snowflake.etcd.lease_ms = 2000;
+    config.snowflake.etcd.request_timeout_ms = 500;
+    common::test_config(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_take_distinct_ids_and_a_restart_keeps_its_own() {
+    let Some(etcd) = required_env("LEAFD_TEST_ETCD", "nodes_take_distinct_ids") else {
+        return;
+    };
+    let cluster = unique_tag("etcd");
+    let states: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut apps = Vec::new();
+    for state in &states {
+        apps.push(
+            App::open(node(&etcd, &cluster, state))
+                .await
+                .expect("starts"),
+        );
+    }
+    let ids: Vec<u64> = apps
+        .iter()
+        .map(|a| a.snowflake().unwrap().worker_id())
+        .collect();
+    assert_eq!(ids, vec![0, 1, 2], "the lowest free ids, in start order");
+    let mut seen = HashSet::new();
+    for app in &apps {
+        let engine = app.snowflake().unwrap();
+        for id in engine.next_ids(2000).await.unwrap() {
+            assert!(seen.insert(id), "repeated {id}");
+            assert_eq!(
+                Layout::default().decode(id).unwrap().worker_id,
+                engine.worker_id()
+            );
+        }
+    }
+    // INFO's coordinator section.
+    let status = apps[0].context.coordinator.clone().expect("a link status");
+    assert_eq!(status.kind(), "etcd");
+    assert!(status.connected());
+    // A clean stop frees the id at once; the restart asks for its own first and gets it.
+    let second = apps.remove(1);
+    second.close().await;
+    let again = App::open(node(&etcd, &cluster, &states[1])).await.unwrap();
+    assert_eq!(again.snowflake().unwrap().worker_id(), 1);
+    for id in again.snowflake().unwrap().next_ids(2000).await.unwrap() {
+        assert!(seen.insert(id), "repeated {id} after the restart");
+    }
+    again.close().await;
+    for app in apps {
+        app.close().await;
+    }
+}
+
+/// Two worker ids (1 worker bit), both held; the first holder's path to etcd is cut. It stops
+/// issuing within half its lease; a third node waits for the etcd lease to end, takes the id,
+/// and issues only past the fence the first wrote: every one of its IDs is above every ID the
+/// first issued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_from_etcd_stops_before_its_id_is_taken() {
+    let Some(etcd) = required_env("LEAFD_TEST_ETCD", "a_holder_cut_off_from_etcd") else {
+        return;
+    };
+    let cluster = unique_tag("etcd-cut");
+    let target = etcd.trim_start_matches("http://").to_string();
+    let proxy = TcpProxy::start(target, true).await;
+    let states: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let layout = Layout {
+        worker_bits: 1,
+        sequence_bits: 21,
+        ..Layout::default()
+    };
+    let narrow = |mut config: Config| {
+        config.snowflake.worker_id_bits = 1;
+        config.snowflake.sequence_bits = 21;
+        config
+    };
+    let cut_off = App::open(narrow(node(
+        &format!("http://{}", proxy.addr),
+        &cluster,
+        &states[0],
+    )))
+    .await
+    .unwrap();
+    let other = App::open(narrow(node(&etcd, &cluster, &states[1])))
+        .await
+        .unwrap();
+    assert_eq!(cut_off.snowflake().unwrap().worker_id(), 0);
+    proxy.cut();
+    let cut_at = SystemClock.now_millis();
+    // It goes on issuing until half its lease (1 s) past its last renewal, then refuses.
+    let engine = cut_off.snowflake().unwrap();
+    let mut last_issued = 0;
+    let stopped_at = loop {
+        match engine.next_ids(100).await {
+            Ok(ids) => last_issued = *ids.last().unwrap(),
+            Err(e) => {
+                assert!(e.to_string().contains("lease renewal"), "{e}");
+                break SystemClock.now_millis();
+            }
+        }
+        assert!(SystemClock.now_millis() < cut_at + 5_000, "never stopped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // A request that meets the end waits `fence_wait_ms` (1 s) before it is refused: the time
+    // of the last ID is when issuing stopped, at most half a lease and a renewal interval on.
+    let last_at = layout.decode(last_issued).unwrap().timestamp_ms;
+    assert!(
+        last_at <= cut_at + 1_400 && stopped_at >= last_at,
+        "the last ID is {} ms after the cut",
+        last_at as i64 - cut_at as i64
+    );
+    // A newcomer finds both ids held until the first's etcd lease (2 s) runs out, then takes it.
+    let newcomer = loop {
+        match App::open(narrow(node(&etcd, &cluster, &states[2]))).await {
+            Ok(app) => break app,
+            Err(e) => {
+                assert!(e.to_string().contains("ids"), "{e}");
+                assert!(SystemClock.now_millis() < cut_at + 15_000, "{e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let taken = newcomer.snowflake().unwrap();
+    assert_eq!(taken.worker_id(), 0, "the cut-off node's id");
+    let first = taken.next_ids(1).await.unwrap()[0];
+    let issued_until = layout.decode(last_issued).unwrap().timestamp_ms;
+    assert!(
+        layout.decode(first).unwrap().timestamp_ms > issued_until && first > last_issued,
+        "{first} after {last_issued}"
+    );
+    // The cut-off node never resumes on an id it lost: etcd answers again, its alive key is
+    // another's, so its renewal revokes the id for good.
+    proxy.restore();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let err = engine.next_ids(1).await.unwrap_err().to_string();
+    assert!(err.contains("leased by another node"), "{err}");
+    for app in [cut_off, other, newcomer] {
+        app.close().await;
+    }
+}
+
+/// The layout is recorded in `{root}/{cluster}/layout`: another layout is refused while a node
+/// holds a lease, and one whose IDs could go back is refused by the value check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layout_is_recorded_and_a_change_checked() {
+    let Some(etcd) = required_env("LEAFD_TEST_ETCD", "the_layout_is_recorded") else {
+        return;
+    };
+    let cluster = unique_tag("etcd-layout");
+    let states: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let running = App::open(node(&etcd, &cluster, &states[0])).await.unwrap();
+    let mut javascript_safe = node(&etcd, &cluster, &states[1]);
+    javascript_safe.snowflake.timestamp_bits = 41;
+    javascript_safe.snowflake.worker_id_bits = 4;
+    javascript_safe.snowflake.sequence_bits = 8;
+    javascript_safe.snowflake.time_unit_ms = 10;
+    let err = App::open(javascript_safe.clone())
+        .await
+        .err()
+        .expect("refused while a node holds a lease")
+        .to_string();
+    assert!(err.contains("are leased by nodes issuing IDs of"), "{err}");
+    running.close().await;
+    // No lease now, but the smaller layout's IDs would start below the recorded one's.
+    let err = App::open(javascript_safe)
+        .await
+        .err()
+        .expect("refused by the value check")
+        .to_string();
+    assert!(err.contains("snowflake layout change refused"), "{err}");
+}
