@@ -178,6 +178,8 @@ def _toml_value(value):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return json.dumps(str(value))  # a TOML basic string for paths and URLs
 
 

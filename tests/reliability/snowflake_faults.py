@@ -10,6 +10,8 @@ collected and checked for global uniqueness. Cases:
                        SIGCONT: the resumed node must issue nothing
   db-*                 the database coordinator on one SQLite file: SIGKILL + restart 1 s back,
                        two nodes from one config, SIGSTOP past the lease with one worker id
+  etcd-*               the same three cases with the etcd coordinator (LEAFD_TEST_ETCD, a
+                       private etcd: scripts/etcd.sh)
 Loopback only; bounded (about 90 s); prints the IDs checked per case. FAULTS_LAYOUT=js-safe runs
 every case with the JavaScript-safe layout (41 + 4 + 8 bits in 10 ms steps): then every ID must
 also be at most 2^53 - 1.
@@ -27,6 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import leafd  # noqa: E402
 
 binary, zk_connect = os.path.abspath(sys.argv[1]), sys.argv[2]
+etcd_url = os.environ.get("LEAFD_TEST_ETCD", "")
+etcd_cluster = f"faults-{os.getpid()}"
 all_ids = {}  # id -> case that issued it
 random.seed(int(os.environ.get("FAULTS_SEED", time.time())))
 
@@ -64,6 +68,11 @@ def start_node(workdir, name, coordinator="static", advertise=None, cluster=None
         config["snowflake.zookeeper"] = {"connect": zk_connect, "cluster": cluster, "session_timeout_ms": 2000,
                                          "report_interval_ms": 500, "lease_ms": 2000,
                                          "cache_file": f"{workdir}/{name}/worker.json", "advertise": advertise}
+    if coordinator == "etcd":
+        lease = (extra or {}).pop("database_lease_ms", 2000)
+        config["snowflake"].pop("database_lease_ms", None)
+        config["snowflake.etcd"] = {"endpoints": [etcd_url], "cluster": cluster or etcd_cluster,
+                                    "lease_ms": lease, "request_timeout_ms": 500}
     node = leafd.Node(binary, workdir, name, storage or f"sqlite://{workdir}/{name}/leafd.db", config=config,
                       http_bind=None, env=leafd.faketime_env(faketime) if faketime else None)
     return node.start()
@@ -244,28 +253,30 @@ def zk_sigstop(work):
           f"resumed node issued 0 and answered {len(errors)} x UNAVAILABLE, no repeat")
 
 
-def db_cases(work):
-    """The database coordinator on one shared SQLite file."""
-    shared = f"sqlite://{work}/shared-db/leafd.db"
-    os.makedirs(f"{work}/shared-db", exist_ok=True)
+def db_cases(work, coordinator="database"):
+    """The database coordinator on one shared SQLite file (or the etcd coordinator: its nodes
+    share that file too, and their worker ids live in etcd)."""
+    tag = "db" if coordinator == "database" else "etcd"
+    shared = f"sqlite://{work}/shared-{tag}/leafd.db"
+    os.makedirs(f"{work}/shared-{tag}", exist_ok=True)
     # SIGKILL under load and restart 1 s back, 3 times (each restart finds its old lease live and
     # takes another id, or its old one once expired).
     total, faketime = 0, None
     for cycle in range(3):
-        node = start_node(work, "db", coordinator="database", storage=shared, faketime=faketime,
+        node = start_node(work, tag, coordinator=coordinator, storage=shared, faketime=faketime,
                           extra={"database_lease_ms": 2000})
         node.wait_ready(40)
         loader = load(node, random.uniform(0.7, 2.0))
         node.kill()
         ids = loader.finish()
         if not ids:
-            raise SystemExit(f"db-kill-back-1s cycle {cycle}: no IDs\n" + node.log_text()[-2000:])
-        total += record(f"db-kill-back-1s cycle {cycle}", ids)
+            raise SystemExit(f"{tag}-kill-back-1s cycle {cycle}: no IDs\n" + node.log_text()[-2000:])
+        total += record(f"{tag}-kill-back-1s cycle {cycle}", ids)
         faketime = "-1"
-    print(f"db-kill-back-1s: {total} IDs checked over 3 SIGKILL restarts with the clock 1 s back, no repeat")
+    print(f"{tag}-kill-back-1s: {total} IDs checked over 3 SIGKILL restarts with the clock 1 s back, no repeat")
 
     # Two nodes from one config (same state directory, same database), loaded at once.
-    a = start_node(work, "db-twin", coordinator="database", storage=shared, extra={"database_lease_ms": 2000})
+    a = start_node(work, f"{tag}-twin", coordinator=coordinator, storage=shared, extra={"database_lease_ms": 2000})
     a.wait_ready(40)
     b = a.twin("leafd-b").start()  # a's config file and directory, another port, log leafd-b.log
     b.wait_ready(40)
@@ -275,21 +286,22 @@ def db_cases(work):
     stop(a, b)
     wa, wb = {worker_of(i) for i in ia}, {worker_of(i) for i in ib}
     if not ia or not ib or wa & wb:
-        raise SystemExit(f"db-one-config: worker ids {wa} and {wb}")
-    n = record("db-one-config a", ia) + record("db-one-config b", ib)
-    print(f"db-one-config: {n} IDs checked, worker ids {sorted(wa)} and {sorted(wb)}, no repeat")
+        raise SystemExit(f"{tag}-one-config: worker ids {wa} and {wb}")
+    n = record(f"{tag}-one-config a", ia) + record(f"{tag}-one-config b", ib)
+    print(f"{tag}-one-config: {n} IDs checked, worker ids {sorted(wa)} and {sorted(wb)}, no repeat")
 
     # One worker id only: SIGSTOP past the lease, another node takes the id, SIGCONT.
-    one = f"sqlite://{work}/one-id/leafd.db"
-    os.makedirs(f"{work}/one-id", exist_ok=True)
-    a = start_node(work, "db-stop-a", coordinator="database", storage=one, extra=DB_ONE_ID)
+    one = f"sqlite://{work}/one-id-{tag}/leafd.db"
+    os.makedirs(f"{work}/one-id-{tag}", exist_ok=True)
+    one_cluster = f"{etcd_cluster}-one"
+    a = start_node(work, f"{tag}-stop-a", coordinator=coordinator, storage=one, extra=dict(DB_ONE_ID), cluster=one_cluster)
     a.wait_ready(40)
     la = Loader(a)
     time.sleep(1.0)
     a.pause()
     stopped_ms = int(time.time() * 1000)
     time.sleep(3.0)  # the 2-s lease expires in the database
-    b = start_node(work, "db-stop-b", coordinator="database", storage=one, extra=DB_ONE_ID)
+    b = start_node(work, f"{tag}-stop-b", coordinator=coordinator, storage=one, extra=dict(DB_ONE_ID), cluster=one_cluster)
     b.wait_ready(40)
     lb = Loader(b)
     time.sleep(1.0)
@@ -300,9 +312,9 @@ def db_cases(work):
     # Worker id bits 0: the timestamp starts right above the sequence.
     resumed = [i for i in ia if timestamp_of(i, worker_bits=0) > stopped_ms + 100]
     if resumed or not ib:
-        raise SystemExit(f"db-sigstop: resumed node issued {len(resumed)} IDs, the new holder {len(ib)}")
-    n = record("db-sigstop a", ia) + record("db-sigstop b", ib)
-    print(f"db-sigstop: {n} IDs checked, one worker id, the resumed node issued 0 after SIGCONT, no repeat")
+        raise SystemExit(f"{tag}-sigstop: resumed node issued {len(resumed)} IDs, the new holder {len(ib)}")
+    n = record(f"{tag}-sigstop a", ia) + record(f"{tag}-sigstop b", ib)
+    print(f"{tag}-sigstop: {n} IDs checked, one worker id, the resumed node issued 0 after SIGCONT, no repeat")
 
 
 def main():
@@ -312,7 +324,13 @@ def main():
     started = time.time()
     only = sys.argv[3:]  # optional case groups: static zk-kill zk-shared zk-sigstop
     for name, case in [("static", static_cases), ("zk-kill", zk_kill_cases),
-                       ("zk-shared", zk_shared_identity), ("zk-sigstop", zk_sigstop), ("db", db_cases)]:
+                       ("zk-shared", zk_shared_identity), ("zk-sigstop", zk_sigstop), ("db", db_cases),
+                       ("etcd", lambda work: db_cases(work, "etcd"))]:
+        if name == "etcd" and not etcd_url:
+            if name in only:
+                raise SystemExit("the etcd cases need LEAFD_TEST_ETCD (scripts/etcd.sh start DIR)")
+            print("etcd cases skipped: LEAFD_TEST_ETCD is not set")
+            continue
         if not only or name in only:
             try:
                 case(work)
