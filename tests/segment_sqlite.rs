@@ -253,3 +253,72 @@ async fn two_clusters_with_delta_and_remainder_never_collide() {
         server.stop().await;
     }
 }
+
+/// Identical INCRs pipelined on a strict tag are served as one block: one allocation, the
+/// replies consecutive and in order; anything else in the pipeline keeps its own reply, and
+/// a transaction's INCRs, a trend tag's and an unauthenticated client's are not batched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_incrs_on_a_strict_tag_take_one_allocation() {
+    use leafd::config::TagOrder;
+    let store = FlakyStore::new(Arc::new(MemoryStore::new()));
+    let mut config = Config::default();
+    config.storage.state_dir = common::memory_state_dir();
+    config.segment.tags = vec![
+        TagSeed {
+            order: TagOrder::Strict,
+            ..TagSeed::new("blk", 1000)
+        },
+        TagSeed::new("trd", 1000),
+    ];
+    config.server.requirepass = Some("pw".into());
+    let server = TestServer::start_with_store(config, store.clone()).await;
+    let mut raw = server.raw().await;
+    assert_eq!(
+        raw.send(&common::resp(&[b"AUTH", b"pw"]), 1).await,
+        "+OK\r\n"
+    );
+    // Warm: the tag is known to the node.
+    assert_eq!(
+        raw.send(&common::resp(&[b"INCR", b"segment:blk"]), 1).await,
+        ":1\r\n"
+    );
+    let before = store.allocations();
+    let incr = common::resp(&[b"INCR", b"segment:blk"]);
+    let pipeline: Vec<u8> = incr.repeat(300);
+    let replies = raw.send(&pipeline, 300).await;
+    let expected: String = (2..=301).map(|id| format!(":{id}\r\n")).collect();
+    assert_eq!(replies, expected);
+    let used = store.allocations() - before;
+    assert!(
+        (1..=3).contains(&used),
+        "300 pipelined INCRs took {used} allocations"
+    );
+
+    // Mixed: the INCRBY and the other tag keep their place and their own IDs.
+    let mut mixed = incr.repeat(2);
+    mixed.extend(common::resp(&[b"INCRBY", b"segment:blk", b"5"]));
+    mixed.extend(common::resp(&[b"INCR", b"segment:trd"]).repeat(3));
+    mixed.extend(incr.clone());
+    assert_eq!(
+        raw.send(&mixed, 7).await,
+        ":302\r\n:303\r\n:308\r\n:1\r\n:2\r\n:3\r\n:309\r\n"
+    );
+
+    // In a transaction each INCR is queued and run on its own.
+    let mut multi = common::resp(&[b"MULTI"]);
+    multi.extend(incr.repeat(3));
+    multi.extend(common::resp(&[b"EXEC"]));
+    assert_eq!(
+        raw.send(&multi, 8).await,
+        "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n:310\r\n:311\r\n:312\r\n"
+    );
+
+    // Before AUTH each copy is refused on its own, and no ID is taken.
+    let mut stranger = server.raw().await;
+    assert_eq!(
+        stranger.send(&incr.repeat(3), 3).await,
+        "-NOAUTH Authentication required.\r\n".repeat(3)
+    );
+    assert_eq!(raw.send(&incr, 1).await, ":313\r\n");
+    server.stop().await;
+}

@@ -130,6 +130,52 @@ pub async fn execute(
     reply
 }
 
+/// Whether `args` is `INCR segment:<tag>`, the one command a pipeline of identical copies of
+/// may be served as one block ([`strict_incr_run`]).
+pub fn is_segment_incr(args: &[&[u8]]) -> bool {
+    args.len() == 2
+        && args[0].eq_ignore_ascii_case(b"incr")
+        && matches!(Key::of(args[1]), Some(Key::Segment(_)))
+}
+
+/// `times` identical pipelined `INCR segment:<tag>` of a strict tag, served as one block of
+/// consecutive IDs (one allocation instead of `times` in a row; all of them arrived before
+/// it, so real-time order holds): the replies in order. `None` for any other command, tag or
+/// session state (a transaction, no AUTH yet): each copy then runs on its own.
+pub async fn strict_incr_run(
+    ctx: &Arc<Context>,
+    session: &Session,
+    args: &[&[u8]],
+    times: usize,
+    batch: &mut BatchMetrics,
+) -> Option<Vec<Reply>> {
+    if session.transaction.is_some() || !session.authenticated || !is_segment_incr(args) {
+        return None;
+    }
+    let Some(Key::Segment(tag)) = Key::of(args[1]) else {
+        return None;
+    };
+    let count = i64::try_from(times).ok()?;
+    let result = ctx.segments.next_strict_block(tag, count).await?;
+    let replies: Vec<Reply> = match result {
+        Ok(last) => (0..count)
+            .map(|i| Reply::Integer(last - count + 1 + i))
+            .collect(),
+        Err(e) => vec![segment_error(&e); times],
+    };
+    if ctx.metrics.enabled() {
+        for reply in &replies {
+            batch.record(
+                &ctx.metrics,
+                CommandId::Incr as usize,
+                reply.is_error(),
+                true,
+            );
+        }
+    }
+    Some(replies)
+}
+
 /// Whether this client may run the command with `argc` arguments: the arity, then NOAUTH.
 fn admit(spec: &table::CommandSpec, session: &Session, argc: usize) -> Result<(), Reply> {
     if !spec.arity_ok(argc) {

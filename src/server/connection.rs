@@ -24,6 +24,9 @@ use super::spare;
 /// Replies are flushed early once this much is buffered, so a long pipeline cannot grow the
 /// output buffer without bound.
 const FLUSH_THRESHOLD: usize = 64 * 1024;
+/// The longest run of pipelined INCRs served as one block of a strict tag: 1,024 replies of
+/// at most 20 bytes each stay well under [`FLUSH_THRESHOLD`].
+const STRICT_BLOCK_MAX: usize = 1024;
 
 /// A client socket the connection loop can serve.
 pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send {
@@ -177,6 +180,10 @@ pub(crate) async fn serve(
     // trickling a partial frame (slowloris) is closed like a silent one.
     let mut last_command = tokio::time::Instant::now();
     let mut batch = BatchMetrics::default();
+    // The most pipelined INCRs one strict block serves (see cmd::strict_incr_run).
+    let block_limit = usize::try_from(server.max_incrby)
+        .unwrap_or(1)
+        .clamp(1, STRICT_BLOCK_MAX);
     let timed = ctx.metrics.enabled();
     // Made once: a new wait per read would join and leave the token's waiter list each time.
     let stopped = stop.wait();
@@ -190,6 +197,8 @@ pub(crate) async fn serve(
         let mut close = false;
         // Bytes of `input` already run; dropped once per batch, not per command.
         let mut consumed = 0;
+        // Input before this offset holds copies of an INCR already found not to form a block.
+        let mut plain_until = 0;
         loop {
             let mut args = Args::default();
             let used = match decoder.decode(&input[consumed..], &mut args) {
@@ -205,11 +214,33 @@ pub(crate) async fn serve(
             if args.is_empty() {
                 break;
             }
-            executed += 1;
-            let reply = cmd::execute(ctx, &mut session, &args, &mut batch).await;
             if output.capacity() == 0 {
                 output = spare::take();
             }
+            // Identical INCRs pipelined on a strict tag: one allocation serves them all.
+            if consumed > plain_until && cmd::is_segment_incr(&args) {
+                let frame = &input[consumed - used..consumed];
+                let (mut ahead, mut times) = (consumed, 1);
+                while times < block_limit && input[ahead..].starts_with(frame) {
+                    ahead += used;
+                    times += 1;
+                }
+                if times > 1 {
+                    let run = cmd::strict_incr_run(ctx, &session, &args, times, &mut batch).await;
+                    if let Some(replies) = run {
+                        for reply in &replies {
+                            reply.encode(session.protocol, &mut output);
+                        }
+                        executed += times as u64;
+                        consumed = ahead;
+                        continue;
+                    }
+                    // Not a strict tag: these copies run one by one, unchecked again.
+                    plain_until = ahead;
+                }
+            }
+            executed += 1;
+            let reply = cmd::execute(ctx, &mut session, &args, &mut batch).await;
             if !session.silent {
                 reply.encode(session.protocol, &mut output);
             }

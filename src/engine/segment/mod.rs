@@ -283,6 +283,25 @@ impl SegmentEngine {
         buffer.handed_out(self.take_from_buffers(buffer, n)?)
     }
 
+    /// A pipeline of `n` INCRs of `tag` served as one block of `n` consecutive IDs, the last
+    /// returned, when the tag is strict: one allocation instead of `n` in a row. `None` for any
+    /// other tag (and for one not yet known): the caller serves each INCR on its own.
+    pub async fn next_strict_block(
+        self: &Arc<Self>,
+        tag: &[u8],
+        n: i64,
+    ) -> Option<Result<i64, SegmentError>> {
+        let buffer = {
+            let tags = self.tags.load();
+            let buffer = tags.get(tag)?;
+            if !buffer.strict || buffer.opaque.is_some() || n < 1 {
+                return None;
+            }
+            buffer.clone()
+        };
+        Some(self.next_strict(&buffer, n).await)
+    }
+
     /// The next ID of a period tag in its string form (`ORD20261204000123`); a tag without a
     /// period is refused before any ID is taken.
     pub async fn next_code(self: &Arc<Self>, tag: &str) -> Result<String, SegmentError> {
