@@ -226,7 +226,12 @@ pub(crate) async fn serve(
                     times += 1;
                 }
                 if times > 1 {
-                    let run = cmd::strict_incr_run(ctx, &session, &args, times, &mut batch).await;
+                    // Boxed, as cmd::execute boxes a command that may wait: held inline it
+                    // would grow every connection's future.
+                    let run = Box::pin(cmd::strict_incr_run(
+                        ctx, &session, &args, times, &mut batch,
+                    ))
+                    .await;
                     if let Some(replies) = run {
                         for reply in &replies {
                             reply.encode(session.protocol, &mut output);
