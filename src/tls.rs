@@ -32,6 +32,8 @@ pub enum TlsError {
     Missing,
     #[error("client CA file {path}: {reason}")]
     ClientCa { path: String, reason: String },
+    #[error("CA file {path}: {reason}")]
+    Ca { path: String, reason: String },
     #[error("certificate and key rejected: {0}")]
     Rustls(#[from] rustls::Error),
 }
@@ -96,6 +98,40 @@ fn server_config(cfg: &TlsConfig, alpn: &[Vec<u8>]) -> Result<ServerConfig, TlsE
     let mut config = builder.with_single_cert(certs, key)?;
     config.alpn_protocols = alpn.to_vec();
     Ok(config)
+}
+
+/// A rustls client configuration that trusts only the CA in `ca_file` (nothing without one)
+/// and, given a certificate and key file, presents them (for servers that require client
+/// certificates).
+pub fn client_config(
+    ca_file: Option<&str>,
+    client: Option<(&str, &str)>,
+) -> Result<rustls::ClientConfig, TlsError> {
+    let mut roots = RootCertStore::empty();
+    if let Some(ca_file) = ca_file {
+        for cert in read_certs("CA file", ca_file)? {
+            roots.add(cert).map_err(|e| TlsError::Ca {
+                path: ca_file.to_string(),
+                reason: e.to_string(),
+            })?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    Ok(match client {
+        None => builder.with_no_client_auth(),
+        Some((cert_file, key_file)) => {
+            let certs = read_certs("certificate file", cert_file)?;
+            let key = PrivateKeyDer::from_pem_file(key_file).map_err(|source| TlsError::Pem {
+                what: "key file",
+                path: key_file.to_string(),
+                source,
+            })?;
+            builder.with_client_auth_cert(certs, key)?
+        }
+    })
 }
 
 /// One listener's TLS settings. Every new connection uses the configuration loaded last, so

@@ -15,7 +15,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("auth", &["config"]),
     ("tls", &["config"]),
     ("storage", &["config"]),
-    ("coord", &["config", "storage", "clock"]),
+    ("coord", &["config", "storage", "clock", "tls"]),
     ("engine", &["storage", "coord", "clock"]),
     ("metrics", &["engine"]),
     (

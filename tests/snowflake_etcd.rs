@@ -195,3 +195,159 @@ async fn the_layout_is_recorded_and_a_change_checked() {
         .to_string();
     assert!(err.contains("snowflake layout change refused"), "{err}");
 }
+
+/// A private etcd member that serves only TLS clients with a certificate from its CA.
+struct TlsEtcd {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+    endpoint: String,
+}
+
+impl TlsEtcd {
+    /// Writes a CA, the member's certificate (127.0.0.1) and a client certificate, then starts
+    /// `etcd` (from PATH) with `--client-cert-auth`.
+    fn start() -> TlsEtcd {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
+        let issuer = |name: &str| {
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, name);
+            CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+        };
+        let ca = issuer("leafd etcd test CA");
+        let other_ca = issuer("another CA");
+        let member_key = KeyPair::generate().unwrap();
+        let member = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
+            .unwrap()
+            .signed_by(&member_key, &ca)
+            .unwrap();
+        let client_key = KeyPair::generate().unwrap();
+        let client = CertificateParams::new(vec!["leafd".into()])
+            .unwrap()
+            .signed_by(&client_key, &ca)
+            .unwrap();
+        write("ca.crt", ca.pem());
+        write("other-ca.crt", other_ca.pem());
+        write("member.crt", member.pem());
+        write("member.key", member_key.serialize_pem());
+        write("client.crt", client.pem());
+        write("client.key", client_key.serialize_pem());
+        let (port, peer) = (common::binary::free_port(), common::binary::free_port());
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let endpoint = format!("https://127.0.0.1:{port}");
+        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
+        let child = std::process::Command::new("etcd")
+            .args(["--name", "leafd-tls", "--data-dir", &path("data")])
+            .args(["--listen-client-urls", &endpoint])
+            .args(["--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+            ])
+            .args([
+                "--initial-cluster",
+                &format!("leafd-tls=http://127.0.0.1:{peer}"),
+            ])
+            .args(["--cert-file", &path("member.crt")])
+            .args(["--key-file", &path("member.key")])
+            .args(["--trusted-ca-file", &path("ca.crt")])
+            .arg("--client-cert-auth")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("etcd on PATH (LEAFD_TEST_ETCD is set: scripts/etcd.sh installs it)");
+        TlsEtcd {
+            child,
+            dir,
+            endpoint,
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+}
+
+impl Drop for TlsEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `https://` endpoints: a node with the members' CA and a client certificate takes its lease;
+/// one without a client certificate, or trusting another CA, does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_requires_client_certificates() {
+    if required_env(
+        "LEAFD_TEST_ETCD",
+        "a_member_that_requires_client_certificates",
+    )
+    .is_none()
+    {
+        return;
+    }
+    let etcd = TlsEtcd::start();
+    let cluster = unique_tag("etcd-tls");
+    let states: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let with_tls = |state, ca: &str, client: bool| {
+        let mut config = node(&etcd.endpoint, &cluster, state);
+        config.snowflake.etcd.tls_ca_file = Some(etcd.path(ca));
+        if client {
+            config.snowflake.etcd.tls_cert_file = Some(etcd.path("client.crt"));
+            config.snowflake.etcd.tls_key_file = Some(etcd.path("client.key"));
+        }
+        config
+    };
+    // The member takes a moment to listen: the node with everything right is tried until then.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let app = loop {
+        match App::open(with_tls(&states[0], "ca.crt", true)).await {
+            Ok(app) => break app,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => panic!(
+                "no lease from the TLS member: {e}; etcd log: {}",
+                std::fs::read_to_string(etcd.path("etcd.log")).unwrap_or_default()
+            ),
+        }
+    };
+    let engine = app.snowflake().unwrap();
+    assert_eq!(engine.worker_id(), 0);
+    let ids = engine.next_ids(1000).await.unwrap();
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 1000);
+
+    let no_client_cert = App::open(with_tls(&states[1], "ca.crt", false))
+        .await
+        .err()
+        .expect("a member with --client-cert-auth refuses a client without a certificate")
+        .to_string();
+    assert!(
+        no_client_cert.contains("etcd: https://127.0.0.1:")
+            && no_client_cert.contains("BadCertificate"),
+        "{no_client_cert}"
+    );
+    let other_ca = App::open(with_tls(&states[2], "other-ca.crt", true))
+        .await
+        .err()
+        .expect("a member whose certificate the CA file did not sign is not trusted")
+        .to_string();
+    assert!(
+        other_ca.contains("invalid peer certificate: UnknownIssuer"),
+        "{other_ca}"
+    );
+    // The refused nodes took no id: the next node gets 1.
+    let second = App::open(with_tls(&states[1], "ca.crt", true))
+        .await
+        .expect("starts");
+    assert_eq!(second.snowflake().unwrap().worker_id(), 1);
+    second.close().await;
+    app.close().await;
+}

@@ -75,6 +75,12 @@ pub struct EtcdConfig {
     pub lease_ms: u64,
     /// Longest one request to etcd may take before the next endpoint is tried.
     pub request_timeout_ms: u64,
+    /// With `https://` endpoints: PEM file of the CA that signed the members' certificates
+    /// (etcd's `--trusted-ca-file` side; required, as etcd clusters use their own CA).
+    pub tls_ca_file: Option<String>,
+    /// Client certificate and key (PEM) for members started with `--client-cert-auth`.
+    pub tls_cert_file: Option<String>,
+    pub tls_key_file: Option<String>,
 }
 
 impl Default for EtcdConfig {
@@ -85,6 +91,9 @@ impl Default for EtcdConfig {
             cluster: "default".into(),
             lease_ms: 10_000,
             request_timeout_ms: 2_000,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -212,10 +221,43 @@ impl SnowflakeConfig {
                         .into(),
                 );
             }
-            if etcd.endpoints.is_empty() || etcd.endpoints.iter().any(|e| !e.starts_with("http://"))
+            let https = etcd
+                .endpoints
+                .iter()
+                .filter(|e| e.starts_with("https://"))
+                .count();
+            let http = etcd
+                .endpoints
+                .iter()
+                .filter(|e| e.starts_with("http://"))
+                .count();
+            if etcd.endpoints.is_empty()
+                || (https > 0 && http > 0)
+                || https + http < etcd.endpoints.len()
             {
                 return Err(
-                    "snowflake.etcd.endpoints must list etcd client URLs (http://host:2379; TLS to etcd is not supported yet)"
+                    "snowflake.etcd.endpoints must list etcd client URLs, all http://host:2379 or all https://host:2379"
+                        .into(),
+                );
+            }
+            let tls_files = etcd.tls_ca_file.is_some()
+                || etcd.tls_cert_file.is_some()
+                || etcd.tls_key_file.is_some();
+            if https == 0 && tls_files {
+                return Err(
+                    "snowflake.etcd.tls_ca_file, tls_cert_file and tls_key_file apply to https:// endpoints only"
+                        .into(),
+                );
+            }
+            if https > 0 && etcd.tls_ca_file.is_none() {
+                return Err(
+                    "https:// etcd endpoints need snowflake.etcd.tls_ca_file (the CA that signed the members' certificates)"
+                        .into(),
+                );
+            }
+            if etcd.tls_cert_file.is_some() != etcd.tls_key_file.is_some() {
+                return Err(
+                    "snowflake.etcd.tls_cert_file and tls_key_file go together (a client certificate and its key)"
                         .into(),
                 );
             }
@@ -278,5 +320,39 @@ mod tests {
             .contains("at least 4 × time_unit_ms"));
         config.fence_window_ms = 4000;
         assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn etcd_tls_files_go_with_https_endpoints() {
+        let etcd = |endpoints: &[&str], ca: bool, cert: bool, key: bool| {
+            let mut config = SnowflakeConfig {
+                coordinator: CoordinatorKind::Etcd,
+                ..SnowflakeConfig::default()
+            };
+            config.etcd.endpoints = endpoints.iter().map(|e| e.to_string()).collect();
+            config.etcd.tls_ca_file = ca.then(|| "ca.pem".to_string());
+            config.etcd.tls_cert_file = cert.then(|| "client.pem".to_string());
+            config.etcd.tls_key_file = key.then(|| "client.key".to_string());
+            config.validate()
+        };
+        assert!(etcd(&["http://e1:2379", "http://e2:2379"], false, false, false).is_ok());
+        assert!(etcd(&["https://e1:2379"], true, false, false).is_ok());
+        assert!(etcd(&["https://e1:2379"], true, true, true).is_ok());
+        let mixed = etcd(&["https://e1:2379", "http://e2:2379"], true, false, false);
+        assert!(mixed
+            .unwrap_err()
+            .contains("all http://host:2379 or all https://"));
+        assert!(etcd(&["e1:2379"], false, false, false)
+            .unwrap_err()
+            .contains("must list etcd client URLs"));
+        assert!(etcd(&["https://e1:2379"], false, false, false)
+            .unwrap_err()
+            .contains("need snowflake.etcd.tls_ca_file"));
+        assert!(etcd(&["http://e1:2379"], true, false, false)
+            .unwrap_err()
+            .contains("apply to https:// endpoints only"));
+        assert!(etcd(&["https://e1:2379"], true, true, false)
+            .unwrap_err()
+            .contains("go together"));
     }
 }

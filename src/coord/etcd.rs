@@ -75,15 +75,40 @@ fn prefix_end(prefix: &str) -> String {
     B64.encode(end)
 }
 
+/// An error and what caused it, innermost last: reqwest's own text ("error sending request")
+/// does not say whether a certificate, the connection or a timeout failed.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        let more = inner.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = inner.source();
+    }
+    text
+}
+
 fn unavailable(why: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("etcd: {why}"))
 }
 
 impl EtcdLeases {
     pub fn new(cfg: &EtcdConfig) -> Result<EtcdLeases, StoreError> {
+        // Always leafd's own rustls settings (ring, as everywhere in leafd): reqwest has no
+        // crypto provider of its own here. With http:// endpoints they trust nothing.
+        let client = cfg
+            .tls_cert_file
+            .as_deref()
+            .zip(cfg.tls_key_file.as_deref());
+        let tls = crate::tls::client_config(cfg.tls_ca_file.as_deref(), client)
+            .map_err(|e| StoreError::FileAccess(format!("snowflake.etcd TLS: {e}")))?;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_millis(cfg.request_timeout_ms))
             .connect_timeout(Duration::from_millis(cfg.request_timeout_ms))
+            .tls_backend_preconfigured(tls)
+            .https_only(cfg.tls_ca_file.is_some())
             .build()
             .map_err(unavailable)?;
         Ok(EtcdLeases {
@@ -131,7 +156,7 @@ impl EtcdLeases {
                     self.status.set_connected(true);
                     return Ok(value);
                 }
-                Err(e) => last_error = Some(format!("{url}: {e}")),
+                Err(e) => last_error = Some(format!("{url}: {}", with_causes(&e))),
             }
         }
         self.status.set_connected(false);
