@@ -7,7 +7,8 @@ parsed). The guarantee: if the reply to one request arrived before another reque
 any nodes, every ID of the second is larger than every ID of the first; and no ID repeats. The
 check sorts by send time and sweeps the replies that came before each send.
 
-Faults in the same run: one node SIGKILLed and restarted, one SIGSTOPped for 1.5 s and resumed.
+Faults in the same run: one node SIGKILLed and restarted, one SIGSTOPped for 1.5 s and resumed,
+the third's path to the database (a TCP proxy) frozen for 2 s, then its connections reset.
 `--period` runs the same check on a daily tag (Asia/Shanghai) across a midnight: every node under
 libfaketime, their clocks a second apart, one SIGKILLed and restarted; it also checks that the
 new day starts at sequence 1 and that no node serves the old day after the new one's first reply.
@@ -40,8 +41,10 @@ def sql(dialect, statement):
     subprocess.run(cmd, check=True, capture_output=True, timeout=30)
 
 
-def database_url(dialect, name):
+def database_url(dialect, name, via=None):
+    """The database's URL; `via` a local port (a proxy) instead of the server's."""
     host, port, user = SERVERS[dialect]
+    port = via or port
     if dialect == "mysql":
         return f"mysql://{user}@{host}:{port}/{name}?ssl-mode=disabled"
     return f"postgres://{user}@{host}:{port}/{name}?sslmode=disable"
@@ -116,12 +119,13 @@ def check(records):
     return violations, repeats, example, len(ids)
 
 
-def start_nodes(binary, work, url, count, tag, order, prefix="n", seed=None, envs=None):
+def start_nodes(binary, work, url, count, tag, order, prefix="n", seed=None, envs=None, urls=None):
+    """`count` nodes on `url` (or node i on urls[i] when given)."""
     config = {"segment": {"adaptive_step": True},
               "segment.tags": [seed or {"tag": tag, "step": 1000, "order": order}],
               "snowflake": {"coordinator": "static", "worker_id": 1}}
-    nodes = [leafd.Node(binary, work, f"{prefix}{i}", storage_url=url, config=config,
-                        env=(envs or {}).get(i))
+    nodes = [leafd.Node(binary, work, f"{prefix}{i}", storage_url=(urls or {}).get(i, url),
+                        config=config, env=(envs or {}).get(i))
              for i in range(count)]
     for node in nodes:
         node.start()
@@ -137,8 +141,12 @@ def run_order_test(binary, dialect, seconds, order="strict"):
     work = tempfile.mkdtemp(prefix="leafd-strict-")
     nodes = []
     failures = []
+    host, port, _ = SERVERS[dialect]
+    proxy = leafd.TcpProxy((host, port), "n2-database")
     try:
-        nodes = start_nodes(binary, work, database_url(dialect, name), 3, "strict", order)
+        # n2 reaches the database through a proxy: its path is frozen, then cut.
+        nodes = start_nodes(binary, work, database_url(dialect, name), 3, "strict", order,
+                            urls={2: database_url(dialect, name, via=proxy.port)})
         stop = threading.Event()
         clients = [Client(node, "segment:strict", depth, stop)
                    for node in nodes for depth in (1, 1, 8, 32)]
@@ -152,7 +160,14 @@ def run_order_test(binary, dialect, seconds, order="strict"):
         nodes[1].pause()  # SIGSTOP: its requests wait; no lease to lose
         time.sleep(1.5)
         nodes[1].resume()
-        time.sleep(seconds / 3)
+        time.sleep(seconds / 6)
+        # n2's path to the database frozen 2 s (past the load timeout: what it sent waits, and
+        # a transaction holding the row lock stalls every node), then its connections reset.
+        proxy.pause()
+        time.sleep(2)
+        proxy.drop_connections()
+        proxy.resume()
+        time.sleep(seconds / 6)
         stop.set()
         for client in clients:
             client.join(15)
@@ -161,7 +176,8 @@ def run_order_test(binary, dialect, seconds, order="strict"):
         violations, repeats, example, distinct = check(records)
         per_node = {n.name: sum(1 for r in records if r[4] == n.name) for n in nodes}
         print(f"  {dialect}: {len(records)} requests ({distinct} IDs) from 3 nodes {per_node}, "
-              f"pipelines 1/8/32, SIGKILL + restart of n0, SIGSTOP 1.5 s of n1; "
+              f"pipelines 1/8/32, SIGKILL + restart of n0, SIGSTOP 1.5 s of n1, n2's database "
+              f"path frozen 2 s then reset; "
               f"real-time order violations {violations}, repeats {repeats}, error replies {len(errors)}")
         if violations:
             failures.append(f"{violations} real-time order violations, e.g. {example}")
@@ -174,6 +190,7 @@ def run_order_test(binary, dialect, seconds, order="strict"):
             failures.append(f"unexpected error replies: {unexpected[:3]}")
     finally:
         leafd.stop_all(nodes)
+        proxy.close()
         sql(dialect, f"DROP DATABASE IF EXISTS {name}")
         subprocess.run(["rm", "-rf", work], check=False)
     leafd.print_outcome(f"strict_order {dialect}", failures, started)
