@@ -17,7 +17,9 @@ fresh private servers (temporary directories, free ports, loopback only):
      2.5 s while A and B keep loading and C is idle; then the primary is killed (SIGKILL to
      the server and every process it started), 1 s later the replica is promoted and the
      virtual IP switched to it (its open connections cut), and all nodes load 3 s more
-     (longer, up to 10 s, until each served a new ID).
+     (longer, up to 10 s, until each served a new ID). A and B also load a strict tag
+     (order = "strict", one pipelined client each): with the margin none of its IDs repeats and
+     every one replied after the outage is above every one replied before the kill.
 The allocations the primary made during the freeze are lost: the replica's max_id at promotion
 must be below the old primary's, or the run proved nothing and fails. Without the margin the new
 primary hands those ranges out again: A and B refuse them (ROLLBACK, their high-water marks are
@@ -54,10 +56,16 @@ CLIENTS = 3          # per node: a 2-core machine runs 9 clients, 3 nodes and 2 
 BATCH = 10           # INCRs per pipelined batch
 WARM, FREEZE, AFTER, AFTER_MAX = 2.0, 2.5, 3.0, 10.0
 DOWN = 1.0  # from the kill to the promotion: a failover manager's detection time
+# A strictly increasing tag loaded beside it on A and B (one pipelined client each): with the
+# margin its IDs must not repeat either, and every one replied after the outage must be above
+# every one replied before the kill (the real-time promise across a lossy failover).
+STRICT_TAG = "failover_strict"
+LOAD_TIMEOUT = 1.0  # segment.load_timeout_ms's default: a strict reply comes within it of its send
 NODE_CONFIG = {
     # A fixed step: loads (allocations) keep coming every hundred IDs, so a 2.5 s freeze loses
     # many of them.
     "segment": {"adaptive_step": False},
+    "segment.tags": [{"tag": STRICT_TAG, "step": STEP, "order": "strict"}],
     # Snowflake's database worker leases would be lost in the failover too: not this test.
     "snowflake": {"enabled": False},
 }
@@ -88,8 +96,8 @@ class Pair:
         for server in self.servers():
             server.kill()
 
-    def max_id(self, port):
-        out = self.sql(port, f"SELECT max_id FROM leaf_alloc WHERE biz_tag = '{TAG}'", database="leafd")
+    def max_id(self, port, tag=TAG):
+        out = self.sql(port, f"SELECT max_id FROM leaf_alloc WHERE biz_tag = '{tag}'", database="leafd")
         return int(out) if out else None
 
     def writer(self, port):
@@ -249,12 +257,27 @@ class ErrorLog:
             return next((f"{name}: -{text}" for _, name, k, text in self.entries if k == kind), None)
 
 
-def loaders_for(node, stop, errors):
+def loaders_for(node, stop, errors, tag=TAG, clients=CLIENTS):
     def batch():
         return [(leafd.INCR, 1)] * BATCH
     # pause_after_error: a node answering UNAVAILABLE at once is not hammered by 3 clients.
-    return [leafd.Loader(node, f"{node.name}/incr-{i}", TAG, batch, stop, timeout=5.0,
-                         pause_after_error=0.05, on_error=errors.callback(node)) for i in range(CLIENTS)]
+    return [leafd.Loader(node, f"{node.name}/{'incr' if tag == TAG else 'strict'}-{i}", tag, batch,
+                         stop, timeout=5.0, pause_after_error=0.05, on_error=errors.callback(node))
+            for i in range(clients)]
+
+
+def strict_order_across(loaders, t_kill):
+    """(IDs replied before the kill, IDs replied when their request was surely sent after it,
+    how many of the latter are not above every one of the former)."""
+    before, after = [], []
+    for loader in loaders:
+        for t, ids in batches(loader):
+            if t < t_kill:
+                before.extend(ids)
+            elif t > t_kill + LOAD_TIMEOUT + 0.5:
+                after.extend(ids)
+    top = max(before, default=-1)
+    return len(before), len(after), sum(1 for v in after if v <= top)
 
 
 def batches(loader):
@@ -320,7 +343,8 @@ def scenario(dialect, margin, binary, work, summaries):
         ab = loaders_for(a, stop_ab, errors) + loaders_for(b, stop_ab, errors)
         c1 = loaders_for(c, stop_c1, errors)
         c2 = loaders_for(c, stop_c2, errors)
-        for loader in ab + c1:
+        strict = [l for n in (a, b) for l in loaders_for(n, stop_ab, errors, STRICT_TAG, 1)]
+        for loader in ab + c1 + strict:
             loader.start()
         time.sleep(WARM)
         # The tag's row must have reached the replica, or the failover loses the tag itself.
@@ -363,12 +387,13 @@ def scenario(dialect, margin, binary, work, summaries):
         stop_ab.set()
         stop_c2.set()
         everyone = ab + c1 + c2
-        for loader in everyone:
+        for loader in everyone + strict:
             loader.join(20)
-        hung = [l.name for l in everyone if l.is_alive()]
+        hung = [l.name for l in everyone + strict if l.is_alive()]
         if hung:
             raise RuntimeError(f"load threads did not stop: {hung}")
         final_max = pair.max_id(pair.replica_port)
+        strict_max = pair.max_id(pair.replica_port, STRICT_TAG)
         writer = pair.writer(pair.replica_port)
         died = {n.name: n.died() for n in nodes}  # before stop_all: then they exit on purpose
         leafd.stop_all(nodes)
@@ -378,6 +403,8 @@ def scenario(dialect, margin, binary, work, summaries):
         old_max = max(v for v in (primary_max, highest_before(everyone, t_switch)) if v is not None)
         lost = old_max - replica_max
         report = leafd.IdReport(everyone, final_max)
+        strict_report = leafd.IdReport(strict, strict_max)
+        strict_before, strict_after, strict_behind = strict_order_across(strict, t_kill)
         after = errors.kinds(since=t_switch)
         total = errors.kinds()
         back = {}
@@ -401,9 +428,14 @@ def scenario(dialect, margin, binary, work, summaries):
                   f"e.g. {errors.example(kind)}", flush=True)
         if report.repeats:
             print(f"  repeats e.g. {report.repeat_examples[:3]}", flush=True)
+        print(f"  strict tag: {strict_report.segment_ids} IDs on A and B, repeats {strict_report.repeats}; "
+              f"{strict_before} replied before the kill, {strict_after} after the outage, "
+              f"{strict_behind} of those not above every earlier one", flush=True)
         backs = ", ".join(f"{k} {'never' if v is None else f'{v:.1f} s'}" for k, v in back.items())
         summary = (f"{label}: ids={report.segment_ids}, allocations lost={lost // STEP}, "
-                   f"repeats={report.repeats}, rollbacks={total.get('ROLLBACK', 0)}, "
+                   f"repeats={report.repeats}, strict ids={strict_report.segment_ids} "
+                   f"(repeats {strict_report.repeats}, out of order {strict_behind}), "
+                   f"rollbacks={total.get('ROLLBACK', 0)}, "
                    f"unavailable={total.get('UNAVAILABLE', 0)}, failover skips={sum(skips.values())}, "
                    f"back in service: {backs}")
         summaries.append(summary)
@@ -418,6 +450,13 @@ def scenario(dialect, margin, binary, work, summaries):
                 failures.append(f"{name} exited by itself (status {status})")
         if margin:
             failures.extend(report.failures())
+            failures.extend(f"strict tag: {f}" for f in strict_report.failures())
+            if strict_behind:
+                failures.append(f"strict tag: {strict_behind} IDs replied after the outage are not above "
+                                f"every ID replied before the kill")
+            if not strict_before or not strict_after:
+                failures.append(f"strict tag: {strict_before} IDs before the kill, {strict_after} after: "
+                                f"nothing to compare")
             # The margin is there so that no node meets a range below its high-water mark
             # (and none can before the failover).
             if total.get("ROLLBACK"):
