@@ -33,7 +33,6 @@ promotion, old and new primary), the allocations lost, per node its IDs, failove
 seconds until it served again, the error replies by kind, and a summary line.
 """
 import argparse
-import collections
 import os
 import shutil
 import signal
@@ -235,28 +234,6 @@ DIALECTS = {"postgres": PostgresPair, "mysql": MariaDBPair}
 
 # --- load and figures ---------------------------------------------------------------------------
 
-class ErrorLog:
-    """Every error reply, with the moment it was read and the node."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.entries = []  # (monotonic, node name, kind, text)
-
-    def callback(self, node):
-        def on_error(reply):
-            with self.lock:
-                self.entries.append((time.monotonic(), node.name, reply.kind, str(reply)[:200]))
-        return on_error
-
-    def kinds(self, since=float("-inf")):
-        with self.lock:
-            return collections.Counter(kind for t, _, kind, _ in self.entries if t >= since)
-
-    def example(self, kind):
-        with self.lock:
-            return next((f"{name}: -{text}" for _, name, k, text in self.entries if k == kind), None)
-
-
 def loaders_for(node, stop, errors, tag=TAG, clients=CLIENTS):
     def batch():
         return [(leafd.INCR, 1)] * BATCH
@@ -271,7 +248,7 @@ def strict_order_across(loaders, t_kill):
     how many of the latter are not above every one of the former)."""
     before, after = [], []
     for loader in loaders:
-        for t, ids in batches(loader):
+        for t, ids in leafd.batches(loader):
             if t < t_kill:
                 before.extend(ids)
             elif t > t_kill + LOAD_TIMEOUT + 0.5:
@@ -280,26 +257,15 @@ def strict_order_across(loaders, t_kill):
     return len(before), len(after), sum(1 for v in after if v <= top)
 
 
-def batches(loader):
-    """(end time, IDs) of each batch of an INCR-only loader: its timeline counts the IDs of each
-    batch, in the order they were appended to `singles`."""
-    out, i = [], 0
-    singles = loader.singles
-    for t, n, _ in list(loader.timeline):
-        out.append((t, singles[i:i + n]))
-        i += n
-    return out
-
-
 def back_in_service(loaders, since, above):
     """Seconds from `since` to the end of the first batch holding an ID above `above` (one of a
     new allocation), or None."""
-    firsts = [t for l in loaders for t, ids in batches(l) if t >= since and ids and max(ids) > above]
+    firsts = [t for l in loaders for t, ids in leafd.batches(l) if t >= since and ids and max(ids) > above]
     return min(firsts) - since if firsts else None
 
 
 def highest_before(loaders, until):
-    tops = [max(ids) for l in loaders for t, ids in batches(l) if t < until and ids]
+    tops = [max(ids) for l in loaders for t, ids in leafd.batches(l) if t < until and ids]
     return max(tops) if tops else None
 
 
@@ -337,7 +303,7 @@ def scenario(dialect, margin, binary, work, summaries):
         a, b, c = nodes
         print(f"{label}: servers and nodes up in {time.monotonic() - started:.1f} s", flush=True)
 
-        errors = ErrorLog()
+        errors = leafd.ErrorLog()
         stop_ab, stop_c1, stop_c2 = threading.Event(), threading.Event(), threading.Event()
         stops.extend([stop_ab, stop_c1, stop_c2])
         ab = loaders_for(a, stop_ab, errors) + loaders_for(b, stop_ab, errors)

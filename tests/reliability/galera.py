@@ -140,16 +140,7 @@ def ensure_packages():
 
 # --- the Galera cluster -------------------------------------------------------------------------
 
-_taken = set()
-
-
-def port():
-    """A free port not handed out before by this script (12 are picked before any is bound)."""
-    while True:
-        p = leafd.free_port()
-        if p not in _taken:
-            _taken.add(p)
-            return p
+port = leafd.unique_port
 
 
 class Member:
@@ -514,67 +505,11 @@ def simultaneous_starts(binary, work, cluster, summaries, rounds=ROUNDS):
 
 # --- scenario 2: a member SIGKILLed under load --------------------------------------------------
 
-class ErrorLog:
-    """Every error reply: (the moment it was read, node, loader, kind, text)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.entries = []
-
-    def callback(self, node, loader):
-        def on_error(reply):
-            with self.lock:
-                self.entries.append((time.monotonic(), node.name, loader, reply.kind, str(reply)[:300]))
-        return on_error
-
-    def of(self, node_name, loader=None):
-        with self.lock:
-            return [e for e in self.entries if e[1] == node_name and loader in (None, e[2])]
-
-
-def loaders_for(node, stop, errors):
-    """LOAD_CLIENTS - 1 INCR-only clients (their batches map onto their IDs: see batches), one
-    INCR client with an INCRBY in every other batch, one SNOWFLAKE client."""
-    counter = iter(range(1 << 62))
-    lock = threading.Lock()
-
-    def incr():
-        return [(leafd.INCR, 1)] * BATCH
-
-    def mixed():
-        with lock:
-            n = next(counter)
-        batch = [(leafd.INCR, 1)] * BATCH
-        if n % 2 == 0:
-            batch[n % BATCH] = (leafd.INCRBY, INCRBY)
-        return batch
-
-    def snowflake():
-        return [(leafd.SNOWFLAKE, 1)] * BATCH
-
-    def loader(name, make_batch):
-        return leafd.Loader(node, f"{node.name}/{name}", TAG, make_batch, stop, timeout=10.0, pause=PAUSE,
-                            pause_after_error=0.05, on_error=errors.callback(node, name))
-
-    return ([loader(f"incr-{i}", incr) for i in range(LOAD_CLIENTS - 1)]
-            + [loader("incrby", mixed), loader("snowflake", snowflake)])
-
-
-def batches(loader):
-    """(end time, IDs) of each batch of an INCR-only loader."""
-    out, i = [], 0
-    singles = loader.singles
-    for t, n, _ in list(loader.timeline):
-        out.append((t, singles[i:i + n]))
-        i += n
-    return out
-
-
 def first_new_id(loaders, after, above):
     """The end of the first batch (of the INCR-only loaders) after `after` holding an ID above
     `above`: one of an allocation made after `above` was read. None if none yet."""
     firsts = [t for l in loaders if l.name.rsplit("/", 1)[1].startswith("incr-")
-              for t, ids in batches(l) if t >= after and ids and max(ids) > above]
+              for t, ids in leafd.batches(l) if t >= after and ids and max(ids) > above]
     return min(firsts) if firsts else None
 
 
@@ -627,8 +562,8 @@ def member_kill(binary, work, cluster, summaries, rejoin="ist"):
         for node in nodes:
             node.wait_ready(START_BOUND)
         nodes[0].create_tag(TAG, START_STEP)
-        errors = ErrorLog()
-        per_node = {node.name: loaders_for(node, stop, errors) for node in nodes}
+        errors = leafd.ErrorLog()
+        per_node = {node.name: leafd.mixed_loaders(node, TAG, stop, errors, LOAD_CLIENTS, BATCH, INCRBY, PAUSE) for node in nodes}
         loaders = [l for ls in per_node.values() for l in ls]
         began = time.monotonic()
         for loader in loaders:

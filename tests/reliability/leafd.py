@@ -711,6 +711,90 @@ class Loader(threading.Thread):
         return len(self.singles) + sum(last - first + 1 for first, last in self.blocks)
 
 
+class ErrorLog:
+    """Every error reply of a run's loaders: (the moment it was read, node name, loader name or
+    None, kind, text)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.entries = []
+
+    def callback(self, node, loader=None):
+        """A Loader's on_error for `node` (and the loader's name)."""
+        def on_error(reply):
+            with self.lock:
+                self.entries.append((time.monotonic(), node.name, loader, reply.kind, str(reply)[:300]))
+        return on_error
+
+    def all(self):
+        with self.lock:
+            return list(self.entries)
+
+    def of(self, node_name, loader=None):
+        with self.lock:
+            return [e for e in self.entries if e[1] == node_name and loader in (None, e[2])]
+
+    def kinds(self, since=float("-inf")):
+        with self.lock:
+            return collections.Counter(e[3] for e in self.entries if e[0] >= since)
+
+    def example(self, kind):
+        with self.lock:
+            return next((f"{e[1]}: -{e[4]}" for e in self.entries if e[3] == kind), None)
+
+
+def batches(loader):
+    """(end time, IDs) of each batch of an INCR-only loader: its timeline counts the IDs of each
+    batch, in the order they were appended to `singles`."""
+    out, i = [], 0
+    singles = loader.singles
+    for t, n, _ in list(loader.timeline):
+        out.append((t, singles[i:i + n]))
+        i += n
+    return out
+
+
+def mixed_loaders(node, tag, stop, errors, clients=3, batch=10, incrby=100, pause=0.002):
+    """`clients - 1` INCR-only clients (their batches map onto their IDs: see batches), one INCR
+    client with an INCRBY in every other batch, one SNOWFLAKE client; errors into `errors`."""
+    counter = iter(range(1 << 62))
+    lock = threading.Lock()
+
+    def incr():
+        return [(INCR, 1)] * batch
+
+    def mixed():
+        with lock:
+            n = next(counter)
+        commands = [(INCR, 1)] * batch
+        if n % 2 == 0:
+            commands[n % batch] = (INCRBY, incrby)
+        return commands
+
+    def snowflake():
+        return [(SNOWFLAKE, 1)] * batch
+
+    def loader(name, make_batch):
+        return Loader(node, f"{node.name}/{name}", tag, make_batch, stop, timeout=10.0, pause=pause,
+                      pause_after_error=0.05, on_error=errors.callback(node, name))
+
+    return ([loader(f"incr-{i}", incr) for i in range(clients - 1)]
+            + [loader("incrby", mixed), loader("snowflake", snowflake)])
+
+
+_taken_ports = set()
+
+
+def unique_port():
+    """A free port not handed out before by this process (a script picks several before it
+    binds any)."""
+    while True:
+        p = free_port()
+        if p not in _taken_ports:
+            _taken_ports.add(p)
+            return p
+
+
 def standard_load(node, tag, stop, clients=8, batch=10, incrby=2500, incrby_every=5, rng=None):
     """The usual mix on one node: clients - 2 connections of INCR, one of INCR with an
     INCRBY <incrby> in about one batch of `incrby_every`, one of SNOWFLAKE; `batch` commands per

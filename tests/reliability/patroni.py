@@ -168,16 +168,7 @@ def ensure_packages():
 
 # --- processes ----------------------------------------------------------------------------------
 
-_taken = set()
-
-
-def port():
-    """A free port not handed out before by this script."""
-    while True:
-        p = leafd.free_port()
-        if p not in _taken:
-            _taken.add(p)
-            return p
+port = leafd.unique_port
 
 
 def kill_pids(pids):
@@ -562,67 +553,11 @@ class Cluster:
 
 # --- load and figures ---------------------------------------------------------------------------
 
-class ErrorLog:
-    """Every error reply: (the moment it was read, node, loader, kind, text)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.entries = []
-
-    def callback(self, node, loader):
-        def on_error(reply):
-            with self.lock:
-                self.entries.append((time.monotonic(), node.name, loader, reply.kind, str(reply)[:300]))
-        return on_error
-
-    def all(self):
-        with self.lock:
-            return list(self.entries)
-
-
-def loaders_for(node, stop, errors):
-    """LOAD_CLIENTS - 1 INCR-only clients (their batches map onto their IDs: see batches), one
-    INCR client with an INCRBY in every other batch, one SNOWFLAKE client."""
-    counter = iter(range(1 << 62))
-    lock = threading.Lock()
-
-    def incr():
-        return [(leafd.INCR, 1)] * BATCH
-
-    def mixed():
-        with lock:
-            n = next(counter)
-        batch = [(leafd.INCR, 1)] * BATCH
-        if n % 2 == 0:
-            batch[n % BATCH] = (leafd.INCRBY, INCRBY)
-        return batch
-
-    def snowflake():
-        return [(leafd.SNOWFLAKE, 1)] * BATCH
-
-    def loader(name, make_batch):
-        return leafd.Loader(node, f"{node.name}/{name}", TAG, make_batch, stop, timeout=10.0, pause=PAUSE,
-                            pause_after_error=0.05, on_error=errors.callback(node, name))
-
-    return ([loader(f"incr-{i}", incr) for i in range(LOAD_CLIENTS - 1)]
-            + [loader("incrby", mixed), loader("snowflake", snowflake)])
-
-
-def batches(loader):
-    """(end time, IDs) of each batch of an INCR-only loader."""
-    out, i = [], 0
-    singles = loader.singles
-    for t, n, _ in list(loader.timeline):
-        out.append((t, singles[i:i + n]))
-        i += n
-    return out
-
-
 def first_new_id(loaders, after, threshold):
     """The end of the first batch (of the INCR-only loaders) ending after `after` that holds an
     ID >= threshold (one of an allocation the new primary made). None if none yet."""
     firsts = [t for l in loaders if l.name.rsplit("/", 1)[1].startswith("incr-")
-              for t, ids in batches(l) if t >= after and ids and max(ids) >= threshold]
+              for t, ids in leafd.batches(l) if t >= after and ids and max(ids) >= threshold]
     return min(firsts) if firsts else None
 
 
@@ -763,7 +698,7 @@ def await_event(event, probe, per_node, began):
     tops = {}
     for name, loaders in per_node.items():
         ids = [max(ids) for l in loaders if l.name.rsplit("/", 1)[1].startswith("incr-")
-               for t, ids in batches(l) if t < event.started and ids]
+               for t, ids in leafd.batches(l) if t < event.started and ids]
         tops[name] = max(ids) if ids else -1
     highest = max(tops.values())
     deadline = accepted + AFTER_MAX
@@ -794,8 +729,8 @@ def scenario(binary, work, cluster, margin, summaries):
         nodes[0].create_tag(TAG, STEP)
         print(f"  3 nodes up on {url} (step {STEP}, adaptive step off, failover_margin {margin}) "
               f"at t={time.monotonic() - began:.1f} s", flush=True)
-        errors = ErrorLog()
-        per_node = {node.name: loaders_for(node, stop, errors) for node in nodes}
+        errors = leafd.ErrorLog()
+        per_node = {node.name: leafd.mixed_loaders(node, TAG, stop, errors, LOAD_CLIENTS, BATCH, INCRBY, PAUSE) for node in nodes}
         loaders = [l for ls in per_node.values() for l in ls]
         load_began = time.monotonic()
         for loader in loaders:
