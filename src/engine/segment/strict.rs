@@ -38,8 +38,15 @@ impl SegmentEngine {
                 // serves every request waiting when it takes the queue, its own included
                 // unless an earlier holder already served it.
                 let _one_at_a_time = buffer.allocating.lock().await;
-                if let Ok(result) = answer.try_recv() {
-                    return result;
+                match answer.try_recv() {
+                    Ok(result) => return result,
+                    // The holder that took this request gave up (its own caller timed out)
+                    // and dropped the batch: nothing will answer. (The receiver is spent now:
+                    // awaiting it again would panic.)
+                    Err(oneshot::error::TryRecvError::Closed) => {
+                        return Err(self.strict_lost(buffer))
+                    }
+                    Err(oneshot::error::TryRecvError::Empty) => {}
                 }
                 let batch = std::mem::take(
                     &mut *buffer
@@ -48,7 +55,7 @@ impl SegmentEngine {
                         .unwrap_or_else(|p| p.into_inner()),
                 );
                 if batch.is_empty() {
-                    // Taken by a holder whose answer is on its way.
+                    // Taken by a holder whose answer is on its way: wait for the lock again.
                     continue;
                 }
                 self.serve_batch(buffer, batch).await;

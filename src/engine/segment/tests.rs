@@ -84,29 +84,46 @@ async fn segments_never_overlap_under_adaptive_steps() {
     }
 }
 
-/// A store whose allocations of the table step answer late, after committing: a background
-/// load finishes after an INCRBY block sent later.
-struct LateAnswers(MemoryStore);
+/// A memory store whose allocations wait while `gate` is closed (a database holding them), and
+/// with `late_table_steps` answer allocations of the table step late, after committing (a
+/// background load that finishes after an INCRBY block sent later).
+struct SlowStore {
+    inner: MemoryStore,
+    late_table_steps: bool,
+    gate: tokio::sync::watch::Receiver<bool>,
+}
+
+impl SlowStore {
+    fn late() -> SlowStore {
+        SlowStore {
+            inner: MemoryStore::new(),
+            late_table_steps: true,
+            gate: tokio::sync::watch::channel(true).1,
+        }
+    }
+}
 
 #[async_trait::async_trait]
-impl SegmentStore for LateAnswers {
+impl SegmentStore for SlowStore {
     async fn allocate(
         &self,
         tag: &str,
         step: Option<i64>,
         failover_margin: i64,
     ) -> Result<LeafAlloc, StoreError> {
-        let alloc = self.0.allocate(tag, step, failover_margin).await;
-        if step.is_none() {
+        let mut gate = self.gate.clone();
+        let _ = gate.wait_for(|open| *open).await;
+        let alloc = self.inner.allocate(tag, step, failover_margin).await;
+        if self.late_table_steps && step.is_none() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         alloc
     }
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
-        self.0.list().await
+        self.inner.list().await
     }
     async fn create_tag(&self, new: &crate::storage::NewTag) -> Result<(), StoreError> {
-        self.0.create_tag(new).await
+        self.inner.create_tag(new).await
     }
     async fn claim_split(
         &self,
@@ -114,13 +131,13 @@ impl SegmentStore for LateAnswers {
         expected: Option<&str>,
         split: Option<&str>,
     ) -> Result<Option<String>, StoreError> {
-        self.0.claim_split(tag, expected, split).await
+        self.inner.claim_split(tag, expected, split).await
     }
     async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError> {
-        self.0.resplit(tag, split, start).await
+        self.inner.resplit(tag, split, start).await
     }
     async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError> {
-        self.0.raise(tag, floor).await
+        self.inner.raise(tag, floor).await
     }
     async fn claim_opaque(
         &self,
@@ -128,13 +145,13 @@ impl SegmentStore for LateAnswers {
         marker: &str,
         below: i64,
     ) -> Result<(Option<String>, i64), StoreError> {
-        self.0.claim_opaque(tag, marker, below).await
+        self.inner.claim_opaque(tag, marker, below).await
     }
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
-        self.0.set_step(tag, step).await
+        self.inner.set_step(tag, step).await
     }
     fn backend(&self) -> &'static str {
-        "late"
+        "slow"
     }
     async fn close(&self) {}
 }
@@ -152,7 +169,7 @@ async fn a_block_reserved_during_a_slow_load_is_not_taken_for_a_rollback() {
         ..SegmentSettings::default()
     };
     let engine = SegmentEngine::new(
-        Arc::new(LateAnswers(MemoryStore::new())),
+        Arc::new(SlowStore::late()),
         crate::storage::SegmentMarks::in_memory(),
         settings,
         Arc::new(ManualClock::new(0)),
@@ -339,4 +356,64 @@ async fn a_strict_tag_orders_requests_across_nodes() {
     // here every allocation is instant, so only the count's bound is certain.
     let allocations = a.snapshot()[0].loads_ok + b.snapshot()[0].loads_ok;
     assert!(allocations <= 20 + 1 + 64, "{allocations} allocations");
+}
+
+/// A request whose batch was taken by a holder that then gave up (its caller timed out) answers
+/// UNAVAILABLE at once: it does not go on to serve requests queued later and then wait on an
+/// answer that can never come (that awaited a spent receiver, and the panic reset the
+/// client's connection).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_request_whose_batch_was_abandoned_answers_unavailable() {
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let settings = SegmentSettings {
+        load_timeout: Duration::from_millis(1000),
+        max_tags: 10,
+        strict: ["s".to_string()].into_iter().collect(),
+        ..SegmentSettings::default()
+    };
+    let engine = SegmentEngine::new(
+        Arc::new(SlowStore {
+            inner: MemoryStore::new(),
+            late_table_steps: false,
+            gate,
+        }),
+        crate::storage::SegmentMarks::in_memory(),
+        settings,
+        Arc::new(ManualClock::new(0)),
+        Arc::new(()),
+    );
+    engine.create_tag("s", 10, 1, None).await.unwrap();
+    let request = || {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.next_ids("s", 1).await })
+    };
+    let ms = |n| tokio::time::sleep(Duration::from_millis(n));
+    // A holds the allocation (the database holds it); B and C queue behind it.
+    let a = request();
+    ms(200).await;
+    let b = request();
+    ms(200).await;
+    let c = request();
+    // t = 1100: A gave up at 1000 and B took the batch [B, C]; D queues after it.
+    ms(700).await;
+    let d = request();
+    // t = 1300: B gave up at 1200, dropping [B, C]; the database answers again.
+    ms(200).await;
+    open.send(true).unwrap();
+    let [a, b, c, d] = [a, b, c, d].map(|task| async { task.await.expect("no task panicked") });
+    let (a, b, c, d) = (a.await, b.await, c.await, d.await);
+    for (name, result) in [("A", &a), ("B", &b)] {
+        let error = result.as_ref().expect_err(name).to_string();
+        assert!(
+            error.contains("no allocation within 1000 ms"),
+            "{name}: {error}"
+        );
+    }
+    let lost = c.expect_err("C's batch was abandoned").to_string();
+    assert!(lost.contains("was abandoned"), "{lost}");
+    assert_eq!(
+        d.unwrap(),
+        1,
+        "D is served by its own allocation, the first that ran"
+    );
 }
