@@ -25,7 +25,7 @@ async fn server() -> TestServer {
 }
 
 async fn get(server: &TestServer, path: &str, accept: Option<&str>) -> (u16, String) {
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     let mut request = client.get(server.http_url(path));
     if let Some(accept) = accept {
         request = request.header("accept", accept);
@@ -153,7 +153,7 @@ async fn call(
     auth: Option<&str>,
     body: Option<&str>,
 ) -> (u16, Option<String>, String) {
-    let mut request = reqwest::Client::new().request(method, server.http_url(path));
+    let mut request = common::http_client().request(method, server.http_url(path));
     if let Some(auth) = auth {
         request = request.header("authorization", auth);
     }
@@ -387,7 +387,7 @@ async fn without_users_the_admin_endpoints_are_open_like_leaf_tag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_edges_answer_clearly_and_change_nothing() {
     let server = server().await;
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     assert_eq!(
         get(&server, "/api/segment/get/web", None).await,
         (200, "1".into())
@@ -517,7 +517,7 @@ async fn leafs_db_and_decode_pages() {
     let dir = tempfile::tempdir().unwrap();
     let server = common::TestServer::start(common::sqlite_config(&dir)).await;
     common::scenarios::create_tag(&server, "a<b", 10, Some(5)).await;
-    let page = reqwest::get(server.http_url("/db"))
+    let page = common::http_get(server.http_url("/db"))
         .await
         .unwrap()
         .text()
@@ -529,12 +529,13 @@ async fn leafs_db_and_decode_pages() {
     );
     let mut con = server.client().await;
     let id: i64 = redis::cmd("SNOWFLAKE").query_async(&mut con).await.unwrap();
-    let decoded = reqwest::get(server.http_url(&format!("/decodeSnowflakeId?snowflakeId={id}")))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let decoded =
+        common::http_get(server.http_url(&format!("/decodeSnowflakeId?snowflakeId={id}")))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
     let layout = server.app.context.snowflake_layout;
     let fields = layout.decode(id).unwrap();
     assert!(
@@ -545,7 +546,7 @@ async fn leafs_db_and_decode_pages() {
         decoded.contains(&format!("\"timestamp\":\"{}(", fields.timestamp_ms)),
         "{decoded}"
     );
-    let bad = reqwest::get(server.http_url("/decodeSnowflakeId?snowflakeId=x"))
+    let bad = common::http_get(server.http_url("/decodeSnowflakeId?snowflakeId=x"))
         .await
         .unwrap()
         .text()

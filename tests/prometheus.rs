@@ -81,7 +81,7 @@ async fn prometheus_scrapes_leafd_and_every_dashboard_query_has_data() {
     traffic(&server, &tag, 5).await;
 
     // promtool lints the exposition format.
-    let page = reqwest::get(server.http_url("/metrics"))
+    let page = common::http_get(server.http_url("/metrics"))
         .await
         .unwrap()
         .text()
@@ -148,7 +148,7 @@ async fn prometheus_scrapes_leafd_and_every_dashboard_query_has_data() {
             .unwrap_or_else(|e| panic!("{prometheus}: {e}")),
     );
     let api = format!("http://127.0.0.1:{port}/api/v1");
-    let client = reqwest::Client::new();
+    let client = common::http_client();
 
     // Keep traffic flowing while Prometheus takes a few scrapes.
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -10,7 +10,7 @@ use common::binary::free_port;
 use leafd::config::Config;
 
 async fn get(url: &str) -> (u16, String) {
-    let response = reqwest::get(url).await.unwrap();
+    let response = common::http_get(url).await.unwrap();
     let status = response.status().as_u16();
     (status, response.text().await.unwrap())
 }
@@ -41,7 +41,7 @@ async fn a_starting_or_draining_node_is_not_ready_and_refuses_resp() {
     // While it waits out the fence.
     let mut seen_starting = false;
     while started.elapsed() < Duration::from_millis(1500) {
-        if let Ok(response) = reqwest::get(http("/ready")).await {
+        if let Ok(response) = common::http_get(http("/ready")).await {
             assert_eq!(response.status().as_u16(), 503);
             let body = response.text().await.unwrap();
             assert!(body.starts_with("not ready: starting"), "{body}");
@@ -76,7 +76,7 @@ async fn a_starting_or_draining_node_is_not_ready_and_refuses_resp() {
     shutdown.cancel();
     // Until HTTP stops with the last connection, /ready says the node is draining.
     let deadline = Instant::now() + Duration::from_secs(2);
-    while let Ok(response) = reqwest::get(http("/ready")).await {
+    while let Ok(response) = common::http_get(http("/ready")).await {
         assert_eq!(response.status().as_u16(), 503);
         let body = response.text().await.unwrap();
         assert!(body.starts_with("not ready: draining"), "{body}");

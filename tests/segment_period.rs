@@ -76,7 +76,7 @@ async fn a_day_boundary_with_clocks_a_second_apart(url: &str) {
         .await
         .unwrap();
     assert_eq!(code, "ORD202612050004");
-    let over_http = reqwest::get(b.http_url("/api/segment/code/ord"))
+    let over_http = common::http_get(b.http_url("/api/segment/code/ord"))
         .await
         .unwrap()
         .text()

@@ -195,7 +195,7 @@ async fn database_down_at_start_then_layout_refused(url: &str) {
         assert!(Instant::now() < deadline, "still: {reply}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let body = reqwest::get(server.http_url("/api/snowflake/get/any"))
+    let body = common::http_get(server.http_url("/api/snowflake/get/any"))
         .await
         .unwrap()
         .text()
@@ -297,7 +297,7 @@ async fn a_database_gone_back_is_refused_until_skipped(url: &str) {
         refused,
         "refused until moved on"
     );
-    let metrics = reqwest::get(server.http_url("/metrics"))
+    let metrics = common::http_get(server.http_url("/metrics"))
         .await
         .unwrap()
         .text()
@@ -429,7 +429,7 @@ async fn a_failover_skips_the_margin(url: &str) {
         instance,
         "the row names the instance answering now"
     );
-    let metrics = reqwest::get(a.http_url("/metrics"))
+    let metrics = common::http_get(a.http_url("/metrics"))
         .await
         .unwrap()
         .text()

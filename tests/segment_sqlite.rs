@@ -322,3 +322,36 @@ async fn pipelined_incrs_on_a_strict_tag_take_one_allocation() {
     assert_eq!(raw.send(&incr, 1).await, ":313\r\n");
     server.stop().await;
 }
+
+/// A period tag's pipelined INCRs are served one by one: a pipeline that reaches the end of the
+/// period gets every number left, in order, then the error (as INCRs sent one at a time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_reaching_the_end_of_a_period_gets_every_number_left() {
+    use leafd::config::Period;
+    let mut config = Config::default();
+    config.storage.state_dir = common::memory_state_dir();
+    config.segment.tags = vec![TagSeed {
+        period: Some(Period::Yearly),
+        sequence_digits: 1,
+        ..TagSeed::new("yr", 10)
+    }];
+    let server = TestServer::start_with_store(config, Arc::new(MemoryStore::new()) as Arc<_>).await;
+    let mut raw = server.raw().await;
+    let incr = common::resp(&[b"INCR", b"segment:yr"]);
+    let replies = raw.send(&incr.repeat(12), 12).await;
+    let lines: Vec<&str> = replies.split("\r\n").filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 12, "{replies}");
+    let first: i64 = lines[0][1..].parse().expect(lines[0]);
+    let ids: Vec<i64> = (0..9).map(|i| first + i).collect();
+    let served: Vec<i64> = lines[..9].iter().map(|l| l[1..].parse().unwrap()).collect();
+    assert_eq!(served, ids, "the year's nine numbers, in order");
+    assert_eq!(first % 10, 1, "a year's sequence starts at 1");
+    for line in &lines[9..] {
+        assert!(
+            line.starts_with("-ERR tag 'yr': period ")
+                && line.contains("has used all its 9 sequence numbers"),
+            "{line}"
+        );
+    }
+    server.stop().await;
+}

@@ -484,7 +484,7 @@ async fn a_53_bit_layout_and_layout_changes_that_could_go_back() {
         }
     }
     let url_http = server.http_url("/api/snowflake/get/any");
-    let over_http: i64 = reqwest::get(&url_http)
+    let over_http: i64 = common::http_get(&url_http)
         .await
         .unwrap()
         .text()

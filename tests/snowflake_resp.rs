@@ -244,7 +244,7 @@ async fn from_time_splits_issued_ids_at_each_instant() {
             *below < first && first <= *above,
             "t={t}: {below} < {first} <= {above}"
         );
-        let over_http = reqwest::get(server.http_url(&format!("/fromtime/{t}")))
+        let over_http = common::http_get(server.http_url(&format!("/fromtime/{t}")))
             .await
             .unwrap()
             .text()
@@ -276,7 +276,7 @@ async fn from_time_splits_issued_ids_at_each_instant() {
             .unwrap();
         assert_eq!(id, rfc, "{text}");
         let path = format!("/fromtime/{}", text.replace('+', "%2B"));
-        let over_http = reqwest::get(server.http_url(&path))
+        let over_http = common::http_get(server.http_url(&path))
             .await
             .unwrap()
             .text()
@@ -318,7 +318,7 @@ async fn from_time_splits_issued_ids_at_each_instant() {
     );
     let far = (layout.max_timestamp_ms() + 1).to_string();
     let (status, body) = {
-        let r = reqwest::get(server.http_url(&format!("/fromtime/{far}")))
+        let r = common::http_get(server.http_url(&format!("/fromtime/{far}")))
             .await
             .unwrap();
         (r.status().as_u16(), r.text().await.unwrap())

@@ -110,7 +110,7 @@ impl TestServer {
     /// The next ID of `tag` from the HTTP Leaf API (`GET /api/segment/get/<tag>`).
     pub async fn http_id(&self, tag: &str) -> i64 {
         let url = self.http_url(&format!("/api/segment/get/{tag}"));
-        let body = reqwest::get(&url).await.unwrap().text().await.unwrap();
+        let body = http_get(&url).await.unwrap().text().await.unwrap();
         body.parse().unwrap_or_else(|_| panic!("{url}: {body}"))
     }
 
@@ -201,6 +201,21 @@ fn fresh_state_dir(base: &std::path::Path) -> String {
         .join(NEXT.fetch_add(1, Ordering::Relaxed).to_string())
         .display()
         .to_string()
+}
+
+/// An HTTP client for the tests. leafd builds reqwest on rustls without a crypto provider of
+/// its own (leafd brings ring, as for its listeners), so a client is given ring's settings.
+pub fn http_client() -> reqwest::Client {
+    let tls = leafd::tls::client_config(None, None).expect("rustls with ring");
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .expect("an HTTP client")
+}
+
+/// `reqwest::get` through [`http_client`].
+pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    http_client().get(url).send().await
 }
 
 /// A config on a fresh SQLite file inside `dir`, with tags created through `[[segment.tags]]`.

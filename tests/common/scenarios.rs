@@ -305,7 +305,7 @@ pub async fn tags_created_on_first_use(url: &str) {
         "ResponseError: unknown tag 'other'",
         "outside the pattern"
     );
-    let over_http = reqwest::get(nodes[0].http_url("/api/segment/get/auto-b"))
+    let over_http = super::http_get(nodes[0].http_url("/api/segment/get/auto-b"))
         .await
         .unwrap();
     assert_eq!(over_http.status().as_u16(), 200);

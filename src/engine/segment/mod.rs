@@ -285,7 +285,9 @@ impl SegmentEngine {
 
     /// A pipeline of `n` INCRs of `tag` served as one block of `n` consecutive IDs, the last
     /// returned, when the tag is strict: one allocation instead of `n` in a row. `None` for any
-    /// other tag (and for one not yet known): the caller serves each INCR on its own.
+    /// other tag (and for one not yet known): the caller serves each INCR on its own. Period
+    /// tags are not batched: a block that reached the period's last number would be refused
+    /// whole, where INCRs one by one get every number left and then the error.
     pub async fn next_strict_block(
         self: &Arc<Self>,
         tag: &[u8],
@@ -294,7 +296,7 @@ impl SegmentEngine {
         let buffer = {
             let tags = self.tags.load();
             let buffer = tags.get(tag)?;
-            if !buffer.strict || buffer.opaque.is_some() || n < 1 {
+            if !buffer.strict || buffer.opaque.is_some() || buffer.period.is_some() || n < 1 {
                 return None;
             }
             buffer.clone()
