@@ -164,6 +164,81 @@ async fn postgres_a_day_boundary_with_clocks_a_second_apart() {
     a_day_boundary_with_clocks_a_second_apart(&url).await;
 }
 
+/// The row records the calendar and digits of the first node's rule: a node configured with
+/// other digits, another calendar, or no period at all reads the row's positions as other IDs
+/// (some already served), so it hands out none; the first rule's nodes go on above.
+async fn a_changed_rule_hands_out_nothing(url: &str) {
+    let clock = Arc::new(ManualClock::new(BEFORE_MIDNIGHT_MS));
+    let with = |edit: fn(&mut TagSeed)| {
+        let mut config = period_config(url);
+        edit(&mut config.segment.tags[0]);
+        let clock: Arc<dyn Clock> = clock.clone();
+        async move {
+            let app = App::open_with_clock(test_config(config), clock)
+                .await
+                .expect("leafd starts");
+            TestServer::serve_app(app).await
+        }
+    };
+    let a = with(|_| {}).await;
+    let mut ca = a.client().await;
+    assert_eq!(incrby(&mut ca, 2).await.unwrap(), 202612040002);
+    let other_digits = with(|t| t.sequence_digits = 3).await;
+    let monthly = with(|t| t.period = Some(Period::Monthly)).await;
+    let plain = with(|t| *t = TagSeed::new("ord", 10)).await;
+    for (node, refusal) in [
+        (
+            &other_digits,
+            "records the period rule period:daily:4 and this node's is period:daily:3",
+        ),
+        (
+            &monthly,
+            "records the period rule period:daily:4 and this node's is period:monthly:4",
+        ),
+        (
+            &plain,
+            "hands out period IDs (period:daily:4) and this node has no period configured",
+        ),
+    ] {
+        let error = incrby(&mut node.client().await, 1)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(refusal), "{error}");
+    }
+    // The first rule's node goes on above every position the others took.
+    let next = incrby(&mut ca, 1).await.unwrap();
+    assert!(next > 202612040002 && next < 202612050000, "{next}");
+    for server in [a, other_digits, monthly, plain] {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_changed_rule_hands_out_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("leafd.db").display());
+    a_changed_rule_hands_out_nothing(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_changed_rule_hands_out_nothing() {
+    let test = "mysql_a_changed_rule_hands_out_nothing";
+    let Some(url) = Backend::MySql.fresh_database(test).await else {
+        return;
+    };
+    a_changed_rule_hands_out_nothing(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_changed_rule_hands_out_nothing() {
+    let test = "postgres_a_changed_rule_hands_out_nothing";
+    let Some(url) = Backend::Postgres.fresh_database(test).await else {
+        return;
+    };
+    a_changed_rule_hands_out_nothing(&url).await;
+}
+
 /// What a period cannot be combined with is refused on load, with the key named.
 #[test]
 fn period_rules_are_checked_on_load() {

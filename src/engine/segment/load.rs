@@ -132,7 +132,11 @@ impl SegmentEngine {
             return Ok(Err(refused));
         }
         let interleave = buffer.lock().interleave;
-        if let Err(refused) = self.split_check(&buffer.name, interleave, &alloc).await? {
+        let checked = match &buffer.period {
+            Some(rule) => self.period_check(&buffer.name, rule, &alloc).await?,
+            None => self.split_check(&buffer.name, interleave, &alloc).await?,
+        };
+        if let Err(refused) = checked {
             // LEAF.TAGS shows the table's max_id even while the tag is refused: the re-split
             // procedure reads it to choose a start above everything this cluster served.
             let mut st = buffer.lock();
@@ -183,6 +187,14 @@ impl SegmentEngine {
             return Ok(Ok(()));
         }
         let recorded = alloc.split.as_deref();
+        if let Some(rule) = recorded.filter(|r| r.starts_with(super::period::PERIOD_MARKER)) {
+            return Ok(Err(LoadFailure::Unavailable(
+                format!(
+                    "IDs refused: tag '{tag}' hands out period IDs ({rule}) and this node has no period configured for it; its positions are not IDs"
+                )
+                .into(),
+            )));
+        }
         let refused = |recorded: Option<&str>| {
             let recorded = match recorded {
                 Some(split) => format!("id_delta:id_remainder {split}"),
@@ -215,6 +227,37 @@ impl SegmentEngine {
         } else {
             Ok(Err(refused(now.as_deref())))
         }
+    }
+
+    /// Whether this node's period rule is the one the tag's row records (read in the
+    /// allocation's transaction), recording it when the row has none. Another calendar or
+    /// digit count reads the row's positions as other IDs, some of them IDs already served,
+    /// so a node with another rule hands out nothing (its allocation is skipped).
+    async fn period_check(
+        &self,
+        tag: &str,
+        rule: &super::PeriodRule,
+        alloc: &LeafAlloc,
+    ) -> Result<Result<(), LoadFailure>, StoreError> {
+        let marker = rule.marker();
+        let recorded = match alloc.split.as_deref() {
+            Some(recorded) if recorded == marker => return Ok(Ok(())),
+            Some(recorded) => Some(recorded.to_string()),
+            None => {
+                super::tags::retry_conflicts(|| self.store.claim_split(tag, None, Some(&marker)))
+                    .await?
+            }
+        };
+        if recorded.as_deref() == Some(marker.as_str()) {
+            return Ok(Ok(()));
+        }
+        let recorded = recorded.unwrap_or_else(|| "none".into());
+        Ok(Err(LoadFailure::Unavailable(
+            format!(
+                "IDs refused: tag '{tag}' records the period rule {recorded} and this node's is {marker}; under another calendar or digit count the row's positions are other IDs, some already served; keep the rule, or use a new tag"
+            )
+            .into(),
+        )))
     }
 
     pub(super) fn spawn_load(self: &Arc<Self>, buffer: Arc<TagBuffer>) {

@@ -11,6 +11,9 @@
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
 
+/// How a period rule's record in the row begins (see [`PeriodRule::marker`]).
+pub const PERIOD_MARKER: &str = "period:";
+
 /// The calendar unit a period tag's sequence restarts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Calendar {
@@ -76,6 +79,13 @@ impl PeriodRule {
             Calendar::Month => year * 100 + month,
             Calendar::Year => year,
         }
+    }
+
+    /// What the tag's row records of this rule (in its `split` column, which a period tag does
+    /// not otherwise use): the calendar and the digits, the two that decide which ID a row
+    /// position is. The time zone only moves period boundaries, so it may change.
+    pub fn marker(&self) -> String {
+        format!("{PERIOD_MARKER}{}:{}", self.calendar.name(), self.digits)
     }
 
     /// `10^digits`: an ID is `period · scale + sequence`.
