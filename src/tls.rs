@@ -61,6 +61,14 @@ fn read_certs(what: &'static str, path: &str) -> Result<Vec<CertificateDer<'stat
     Ok(certs)
 }
 
+fn read_key(path: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Pem {
+        what: "key file",
+        path: path.to_string(),
+        source,
+    })
+}
+
 /// Builds a rustls server configuration from the files `cfg` names. `alpn` lists the
 /// application protocols offered (`http/1.1` for HTTPS; none for RESP, whose clients send none).
 fn server_config(cfg: &TlsConfig, alpn: &[Vec<u8>]) -> Result<ServerConfig, TlsError> {
@@ -68,11 +76,7 @@ fn server_config(cfg: &TlsConfig, alpn: &[Vec<u8>]) -> Result<ServerConfig, TlsE
         return Err(TlsError::Missing);
     };
     let certs = read_certs("certificate file", cert_file)?;
-    let key = PrivateKeyDer::from_pem_file(key_file).map_err(|source| TlsError::Pem {
-        what: "key file",
-        path: key_file.clone(),
-        source,
-    })?;
+    let key = read_key(key_file)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
@@ -124,11 +128,7 @@ pub fn client_config(
         None => builder.with_no_client_auth(),
         Some((cert_file, key_file)) => {
             let certs = read_certs("certificate file", cert_file)?;
-            let key = PrivateKeyDer::from_pem_file(key_file).map_err(|source| TlsError::Pem {
-                what: "key file",
-                path: key_file.to_string(),
-                source,
-            })?;
+            let key = read_key(key_file)?;
             builder.with_client_auth_cert(certs, key)?
         }
     })

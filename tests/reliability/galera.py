@@ -316,28 +316,12 @@ class Cluster:
                 m.kill()
         # An SST helper (wsrep_sst_rsync, its rsync daemon) of a killed member, if one was left
         # behind in a session of its own: only processes whose command line names our directory.
-        for pid in leftovers(self.dir):
+        for pid in servers.leftovers(self.dir):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
     def log_tails(self, lines=10):
         return "\n".join(m.log_tail(lines) for m in self.members if m.server)
-
-
-def leftovers(directory):
-    """Pids of running processes whose command line mentions `directory`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        if directory in cmdline and servers.running(int(entry)):
-            out.append(int(entry))
-    return out
 
 
 # --- leafd nodes --------------------------------------------------------------------------------
@@ -363,24 +347,6 @@ def race_errors(node):
             m = re.search(r"error=.*?(\d{4}) \(\w+\)|error=(.{0,60})", line)
             out[(m.group(1) or m.group(2)).strip() if m else "?"] += 1
     return out
-
-
-def first_error_line(node):
-    """The line of a node's log that says why it exited (the last ERROR, or the last line)."""
-    lines = node.log_text().strip().splitlines()
-    errors = [l for l in lines if " ERROR " in l or "error" in l.lower()]
-    return (errors or lines or ["(empty log)"])[-1].strip()[:400]
-
-
-def log_warnings(nodes):
-    """WARN and ERROR lines of the nodes' logs, counted by message (timestamps cut)."""
-    seen = collections.Counter()
-    for node in nodes:
-        for line in node.log_text().splitlines():
-            parts = line.split(None, 3)
-            if len(parts) == 4 and parts[1] in ("WARN", "ERROR"):
-                seen[f"{parts[1]} {re.sub(r'[0-9]+', 'N', parts[3][:160].strip())}"] += 1
-    return seen
 
 
 def create_database(cluster, name):
@@ -416,7 +382,7 @@ def start_round(binary, work, cluster, round_no):
         up, last_up = [], 0.0
         for node in nodes:
             if node.wait_ready(START_BOUND, allow_exit=True) is None:
-                exits.append((node.name, node.process.returncode, first_error_line(node)))
+                exits.append((node.name, node.process.returncode, leafd.first_error_line(node)))
             else:
                 up.append(node)
                 last_up = time.monotonic() - since
@@ -461,7 +427,7 @@ def start_round(binary, work, cluster, round_no):
                 problems.append(f"round {round_no}: {node.name} exited with {code} after SIGTERM")
         races = [race_errors(n) for n in nodes]
         lost = (sum(1 for r in races if r), sum(races, collections.Counter()))
-        return len(up), last_up, ids, sorted(held), exits, problems, log_warnings(nodes), lost
+        return len(up), last_up, ids, sorted(held), exits, problems, leafd.log_warnings(nodes), lost
     finally:
         leafd.stop_all(nodes)
         drop_database(cluster, database)
@@ -680,7 +646,7 @@ def member_kill(binary, work, cluster, summaries, rejoin="ist"):
                   f"{sum(len(l.snowflakes) for l in mine)} snowflake IDs, errors {dict(kinds) or 0}"
                   + (f" e.g. -{example}" if example else "") + f", connections lost {drops}", flush=True)
         print(f"  max_id per member at the end: {maxes}", flush=True)
-        warnings = log_warnings(nodes)
+        warnings = leafd.log_warnings(nodes)
         for line, n in warnings.most_common(8):
             print(f"  {n} x {line}", flush=True)
         back_text = "never" if back is None else f"{back:.2f} s"
@@ -700,7 +666,7 @@ def member_kill(binary, work, cluster, summaries, rejoin="ist"):
         for name, status in died.items():
             if status is not None:
                 node = next(n for n in nodes if n.name == name)
-                failures.append(f"{name} exited by itself (status {status}): {first_error_line(node)}")
+                failures.append(f"{name} exited by itself (status {status}): {leafd.first_error_line(node)}")
         for node in nodes[:2]:
             for t, name, _, kind, text in errors.of(node.name)[:3]:
                 failures.append(f"{name} (its member survived) answered -{text} at t={t - began:.2f} s")

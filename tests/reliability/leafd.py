@@ -19,6 +19,7 @@ import copy
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -780,6 +781,24 @@ def mixed_loaders(node, tag, stop, errors, clients=3, batch=10, incrby=100, paus
 
     return ([loader(f"incr-{i}", incr) for i in range(clients - 1)]
             + [loader("incrby", mixed), loader("snowflake", snowflake)])
+
+
+def first_error_line(node):
+    """The line of a node's log that says why it exited (the last ERROR, or the last line)."""
+    lines = node.log_text().strip().splitlines()
+    errors = [l for l in lines if " ERROR " in l or "error" in l.lower()]
+    return (errors or lines or ["(empty log)"])[-1].strip()[:400]
+
+
+def log_warnings(nodes):
+    """WARN and ERROR lines of the nodes' logs, counted by message (numbers cut)."""
+    seen = collections.Counter()
+    for node in nodes:
+        for line in node.log_text().splitlines():
+            parts = line.split(None, 3)
+            if len(parts) == 4 and parts[1] in ("WARN", "ERROR"):
+                seen[f"{parts[1]} {re.sub(r'[0-9]+', 'N', parts[3][:200].strip())}"] += 1
+    return seen
 
 
 _taken_ports = set()

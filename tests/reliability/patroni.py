@@ -181,23 +181,6 @@ def kill_pids(pids):
         time.sleep(0.02)
 
 
-def leftovers(directory):
-    """Pids of running processes whose command line mentions `directory` (a postmaster: -D, a
-    Patroni: its config file) left by a failed step."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        if directory in cmdline and servers.running(int(entry)):
-            out.append(int(entry))
-    return out
-
-
 def psql(port_, statement, database="leafd", timeout=15):
     return servers.psql(port_, statement, database=database, timeout=timeout)
 
@@ -540,7 +523,7 @@ class Cluster:
         with contextlib.suppress(Exception):
             self.etcd.close()
         # Whatever a failed step left (a postmaster of a member whose Patroni was already gone).
-        kill_pids(leftovers(self.dir))
+        kill_pids(servers.leftovers(self.dir))
         for m in self.members:
             servers.release_postgres_shared_memory(m.data_dir)
 
@@ -635,23 +618,6 @@ def writers_in_order(history):
         if writer not in seen:
             seen[writer] = (t, old)
     return [(w, t, old) for w, (t, old) in seen.items()]
-
-
-def log_warnings(nodes):
-    """WARN and ERROR lines of the nodes' logs, counted by message (numbers cut)."""
-    seen = collections.Counter()
-    for node in nodes:
-        for line in node.log_text().splitlines():
-            parts = line.split(None, 3)
-            if len(parts) == 4 and parts[1] in ("WARN", "ERROR"):
-                seen[f"{parts[1]} {re.sub(r'[0-9]+', 'N', parts[3][:200].strip())}"] += 1
-    return seen
-
-
-def first_error_line(node):
-    lines = node.log_text().strip().splitlines()
-    errors = [l for l in lines if " ERROR " in l or "error" in l.lower()]
-    return (errors or lines or ["(empty log)"])[-1].strip()[:400]
 
 
 def instance_changes(node):
@@ -882,7 +848,7 @@ def scenario(binary, work, cluster, margin, summaries):
                   f"{len(instance_changes(node))}", flush=True)
         for kind, text in examples.items():
             print(f"  e.g. {kind}: {text}", flush=True)
-        warnings = log_warnings(nodes)
+        warnings = leafd.log_warnings(nodes)
         for line, n in warnings.most_common(10):
             print(f"  log {n} x {line}", flush=True)
         backs = "; ".join(f"{e.name} " + ", ".join(
@@ -904,7 +870,7 @@ def scenario(binary, work, cluster, margin, summaries):
         for name, status in died.items():
             if status is not None:
                 node = next(n for n in nodes if n.name == name)
-                failures.append(f"{name} exited by itself (status {status}): {first_error_line(node)}")
+                failures.append(f"{name} exited by itself (status {status}): {leafd.first_error_line(node)}")
         for t, name, loader, kind, text in outside[:5]:
             failures.append(f"{name}/{loader} answered -{text[:200]} at t={t - began:.2f} s, "
                             f"outside the outage windows")

@@ -93,6 +93,23 @@ def processes():
     return out
 
 
+def leftovers(directory):
+    """Pids of running processes whose command line mentions `directory` (a server's data or
+    config directory) left by a failed step."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if directory in cmdline and running(int(entry)):
+            out.append(int(entry))
+    return out
+
+
 def descendants(pid):
     children = collections.defaultdict(list)
     for child, (_, ppid) in processes().items():
