@@ -130,31 +130,32 @@ pub async fn execute(
     reply
 }
 
-/// Whether `args` is `INCR segment:<tag>`, the one command a pipeline of identical copies of
-/// may be served as one block ([`strict_incr_run`]).
-pub fn is_segment_incr(args: &[&[u8]]) -> bool {
-    args.len() == 2
-        && args[0].eq_ignore_ascii_case(b"incr")
-        && matches!(Key::of(args[1]), Some(Key::Segment(_)))
+/// The tag of `INCR segment:<tag>`, the one command a pipeline of identical copies of may be
+/// served as one block ([`strict_incr_run`]); `None` for any other command.
+pub fn segment_incr_tag<'a>(args: &[&'a [u8]]) -> Option<&'a [u8]> {
+    match args {
+        [name, key] if name.eq_ignore_ascii_case(b"incr") => match Key::of(key)? {
+            Key::Segment(tag) => Some(tag),
+            Key::Snowflake => None,
+        },
+        _ => None,
+    }
 }
 
 /// `times` identical pipelined `INCR segment:<tag>` of a strict tag, served as one block of
 /// consecutive IDs (one allocation instead of `times` in a row; all of them arrived before
-/// it, so real-time order holds): the replies in order. `None` for any other command, tag or
-/// session state (a transaction, no AUTH yet): each copy then runs on its own.
+/// it, so real-time order holds): the replies in order. `None` for any other tag or session
+/// state (a transaction, no AUTH yet): each copy then runs on its own.
 pub async fn strict_incr_run(
     ctx: &Arc<Context>,
     session: &Session,
-    args: &[&[u8]],
+    tag: &[u8],
     times: usize,
     batch: &mut BatchMetrics,
 ) -> Option<Vec<Reply>> {
-    if session.transaction.is_some() || !session.authenticated || !is_segment_incr(args) {
+    if session.transaction.is_some() || !session.authenticated {
         return None;
     }
-    let Some(Key::Segment(tag)) = Key::of(args[1]) else {
-        return None;
-    };
     let count = i64::try_from(times).ok()?;
     let result = ctx.segments.next_strict_block(tag, count).await?;
     let replies: Vec<Reply> = match result {

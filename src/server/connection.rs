@@ -218,7 +218,10 @@ pub(crate) async fn serve(
                 output = spare::take();
             }
             // Identical INCRs pipelined on a strict tag: one allocation serves them all.
-            if consumed > plain_until && cmd::is_segment_incr(&args) {
+            let strict_candidate = (consumed > plain_until)
+                .then(|| cmd::segment_incr_tag(&args))
+                .flatten();
+            if let Some(tag) = strict_candidate {
                 let frame = &input[consumed - used..consumed];
                 let (mut ahead, mut times) = (consumed, 1);
                 while times < block_limit && input[ahead..].starts_with(frame) {
@@ -228,10 +231,8 @@ pub(crate) async fn serve(
                 if times > 1 {
                     // Boxed, as cmd::execute boxes a command that may wait: held inline it
                     // would grow every connection's future.
-                    let run = Box::pin(cmd::strict_incr_run(
-                        ctx, &session, &args, times, &mut batch,
-                    ))
-                    .await;
+                    let run =
+                        Box::pin(cmd::strict_incr_run(ctx, &session, tag, times, &mut batch)).await;
                     if let Some(replies) = run {
                         for reply in &replies {
                             reply.encode(session.protocol, &mut output);
