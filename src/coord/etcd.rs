@@ -32,6 +32,10 @@ pub struct EtcdLeases {
     current: AtomicUsize,
     prefix: String,
     leases: Mutex<HashMap<String, i64>>,
+    /// Said after a failed connection when TLS is on without a client certificate: a member
+    /// with `--client-cert-auth` may close the connection before its alert is read, and the
+    /// error is then only "connection was not ready".
+    missing_client_cert_hint: &'static str,
     /// The link as INFO and `/metrics` show it.
     pub status: std::sync::Arc<LinkStatus>,
 }
@@ -121,6 +125,12 @@ impl EtcdLeases {
             current: AtomicUsize::new(0),
             prefix: format!("{}/{}/", cfg.root, cfg.cluster),
             leases: Mutex::new(HashMap::new()),
+            missing_client_cert_hint: if cfg.tls_ca_file.is_some() && client.is_none() {
+                " (no client certificate is configured: a member started with \
+                 --client-cert-auth also needs snowflake.etcd.tls_cert_file and tls_key_file)"
+            } else {
+                ""
+            },
             status: std::sync::Arc::new(LinkStatus::new("etcd")),
         })
     }
@@ -156,7 +166,13 @@ impl EtcdLeases {
                     self.status.set_connected(true);
                     return Ok(value);
                 }
-                Err(e) => last_error = Some(format!("{url}: {}", with_causes(&e))),
+                Err(e) => {
+                    last_error = Some(format!(
+                        "{url}: {}{}",
+                        with_causes(&e),
+                        self.missing_client_cert_hint
+                    ))
+                }
             }
         }
         self.status.set_connected(false);
