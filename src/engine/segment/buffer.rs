@@ -236,16 +236,29 @@ impl BufferState {
         }
     }
 
-    /// Installs a freshly loaded segment: as current if the current one is used up, else as
-    /// next. A segment a block handed out since has passed (see [`BufferState::pass_block`])
-    /// is installed only above the block, or not at all.
-    pub fn install(&mut self, segment: Segment, table_step: i64, table_max_id: i64, now_ms: u64) {
-        self.step = segment.step;
-        self.table_step = table_step;
+    /// Counts an allocation of the tag that succeeded: the tag is no longer failing.
+    pub fn allocated(&mut self, table_max_id: i64) {
         self.max_id = self.max_id.max(table_max_id);
-        self.last_load_ms = Some(now_ms);
         self.loads_ok += 1;
         self.failure = None;
+    }
+
+    /// Counts an allocation of the tag that failed.
+    pub fn failed(&mut self, failure: LoadFailure) {
+        self.loads_failed += 1;
+        if matches!(failure, LoadFailure::Rollback { .. }) {
+            self.rollbacks += 1;
+        }
+        self.failure = Some(failure);
+    }
+
+    /// Installs a freshly loaded segment (counted by [`BufferState::allocated`]): as current if
+    /// the current one is used up, else as next. A segment a block handed out since has passed
+    /// (see [`BufferState::pass_block`]) is installed only above the block, or not at all.
+    pub fn install(&mut self, segment: Segment, table_step: i64, now_ms: u64) {
+        self.step = segment.step;
+        self.table_step = table_step;
+        self.last_load_ms = Some(now_ms);
         self.backoff_ms = 0;
         self.retry_at_ms = 0;
         let Some(segment) = segment.above(self.floor) else {
@@ -267,8 +280,9 @@ impl BufferState {
         self.next = self.next.and_then(|s| s.above(self.floor));
     }
 
-    /// Records a failed load and schedules the earliest retry with exponential back-off.
-    pub fn record_failure(&mut self, failure: LoadFailure, now_ms: u64) {
+    /// After a failed load (counted by [`BufferState::failed`]): the earliest retry, with
+    /// exponential back-off.
+    pub fn schedule_retry(&mut self, failure: &LoadFailure, now_ms: u64) {
         self.backoff_ms = if matches!(failure, LoadFailure::Exhausted) {
             // The end of the tag's IDs does not pass: ask again only rarely.
             EXHAUSTED_BACKOFF_MS
@@ -276,8 +290,6 @@ impl BufferState {
             (self.backoff_ms * 2).clamp(MIN_BACKOFF_MS, MAX_BACKOFF_MS)
         };
         self.retry_at_ms = now_ms + self.backoff_ms;
-        self.loads_failed += 1;
-        self.failure = Some(failure);
     }
 }
 
@@ -377,22 +389,22 @@ mod tests {
             "nothing below the block is served any more"
         );
         // A load that was in flight when the block was reserved returns a lower segment.
-        st.install(Segment::granted(501, 1001), 500, 1001, 0);
+        st.install(Segment::granted(501, 1001), 500, 0);
         assert_eq!(st.take(1), Some(580));
         st.pass_block(2000, 2001);
-        st.install(Segment::granted(2001, 2501), 500, 2501, 0);
+        st.install(Segment::granted(2001, 2501), 500, 0);
         assert_eq!(st.take(1), Some(2001));
     }
 
     #[test]
     fn failures_back_off_exponentially() {
         let mut st = BufferState::default();
-        st.record_failure(LoadFailure::Unavailable("down".into()), 1000);
+        st.schedule_retry(&LoadFailure::Unavailable("down".into()), 1000);
         assert_eq!(st.retry_at_ms, 1100);
-        st.record_failure(LoadFailure::Unavailable("down".into()), 1100);
+        st.schedule_retry(&LoadFailure::Unavailable("down".into()), 1100);
         assert_eq!(st.retry_at_ms, 1300);
         for _ in 0..10 {
-            st.record_failure(LoadFailure::Unavailable("down".into()), 0);
+            st.schedule_retry(&LoadFailure::Unavailable("down".into()), 0);
         }
         assert_eq!(st.backoff_ms, MAX_BACKOFF_MS);
     }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::step;
-use super::{Interleave, LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer};
+use super::{
+    BufferState, Interleave, LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer,
+};
 use crate::storage::{LeafAlloc, StoreError};
 
 /// Told the outcome of every segment load (the metrics implement it), so the engine need not
@@ -32,34 +34,68 @@ impl SegmentEngine {
         let Some(span) = interleave.span(n) else {
             return Err(SegmentError::Exhausted(buffer.name.to_string()));
         };
+        let started = std::time::Instant::now();
         let result = tokio::time::timeout(
             self.settings.load_timeout,
             self.allocate_guarded(buffer, Some(span)),
         )
         .await;
-        match result {
-            Ok(Ok(guarded)) => match guarded {
-                Ok(alloc) => {
-                    let mut st = buffer.lock();
-                    st.served += n as u64;
-                    // `span` raw positions, `first..max_id`, hold exactly `n` IDs of the
-                    // interleave.
-                    let last = interleave.at_or_below(alloc.max_id - 1);
-                    st.pass_block(last, alloc.max_id);
-                    Ok(last)
+        let outcome = match result {
+            Ok(Ok(guarded)) => guarded,
+            Ok(Err(e)) => Err(LoadFailure::from_store(&e)),
+            Err(_) => {
+                return Err(SegmentError::Unavailable {
+                    tag: buffer.name.to_string(),
+                    reason: "database unreachable: it did not answer in time".into(),
+                })
+            }
+        };
+        let mut st = buffer.lock();
+        self.book_allocation(buffer, &mut st, started, outcome.as_ref());
+        match outcome {
+            Ok(alloc) => {
+                st.served += n as u64;
+                // `span` raw positions, `first..max_id`, hold exactly `n` IDs of the
+                // interleave.
+                let last = interleave.at_or_below(alloc.max_id - 1);
+                st.pass_block(last, alloc.max_id);
+                Ok(last)
+            }
+            Err(failure) => Err(self.failure_error(&buffer.name, failure)),
+        }
+    }
+    /// Books one finished allocation of `buffer`, whichever path made it (a trend tag's
+    /// segment, a block larger than the step, a strict tag's batch), so INFO, `/cache` and the
+    /// metrics count them all alike: the engine's and the tag's counters, its duration, and a
+    /// log line when the tag starts failing, fails another way or succeeds again.
+    pub(super) fn book_allocation(
+        &self,
+        buffer: &TagBuffer,
+        st: &mut BufferState,
+        started: std::time::Instant,
+        outcome: Result<&LeafAlloc, &LoadFailure>,
+    ) {
+        self.observer.load_finished(&buffer.name, started.elapsed());
+        match outcome {
+            Ok(alloc) => {
+                self.stats.loads_ok.fetch_add(1, Ordering::Relaxed);
+                if st.failure.is_some() {
+                    tracing::info!(tag = %buffer.name, "segment loads succeed again");
                 }
-                Err(failure) => {
-                    if matches!(failure, LoadFailure::Rollback { .. }) {
-                        buffer.lock().rollbacks += 1;
-                    }
-                    Err(self.failure_error(&buffer.name, failure))
+                st.allocated(alloc.max_id);
+            }
+            Err(failure) => {
+                self.stats.loads_failed.fetch_add(1, Ordering::Relaxed);
+                // Logged when the tag starts failing and whenever the kind of failure
+                // changes: a failover that first reads as UNAVAILABLE and then as ROLLBACK
+                // shows both.
+                let kind = std::mem::discriminant(failure);
+                if st.failure.as_ref().map(std::mem::discriminant) != Some(kind) {
+                    let error = self.failure_error(&buffer.name, failure.clone());
+                    tracing::warn!(tag = %buffer.name, %error, "segment load failed; retried when next needed");
                 }
-            },
-            Ok(Err(e)) => Err(self.failure_error(&buffer.name, LoadFailure::from_store(&e))),
-            Err(_) => Err(SegmentError::Unavailable {
-                tag: buffer.name.to_string(),
-                reason: "database unreachable: it did not answer in time".into(),
-            }),
+                st.failed(failure.clone());
+            }
         }
     }
 
@@ -296,7 +332,6 @@ impl SegmentEngine {
                 "database did not answer in time".into(),
             )),
         };
-        self.observer.load_finished(&buffer.name, started.elapsed());
         let outcome = match result {
             Ok(Ok(alloc)) => Ok(alloc),
             Ok(Err(failure)) => Err(failure),
@@ -305,34 +340,12 @@ impl SegmentEngine {
         let now = self.clock.now_millis();
         {
             let mut st = buffer.lock();
+            self.book_allocation(buffer, &mut st, started, outcome.as_ref());
             match outcome {
                 Ok(alloc) => {
-                    self.stats.loads_ok.fetch_add(1, Ordering::Relaxed);
-                    if st.failure.is_some() {
-                        tracing::info!(tag = %buffer.name, "segment loads succeed again");
-                    }
-                    st.install(
-                        Segment::granted(alloc.first, alloc.max_id),
-                        alloc.step,
-                        alloc.max_id,
-                        now,
-                    );
+                    st.install(Segment::granted(alloc.first, alloc.max_id), alloc.step, now)
                 }
-                Err(failure) => {
-                    self.stats.loads_failed.fetch_add(1, Ordering::Relaxed);
-                    if matches!(failure, LoadFailure::Rollback { .. }) {
-                        st.rollbacks += 1;
-                    }
-                    // Logged when the tag starts failing and whenever the kind of failure
-                    // changes: a failover that first reads as UNAVAILABLE and then as ROLLBACK
-                    // shows both.
-                    let kind = std::mem::discriminant(&failure);
-                    if st.failure.as_ref().map(std::mem::discriminant) != Some(kind) {
-                        let error = self.failure_error(&buffer.name, failure.clone());
-                        tracing::warn!(tag = %buffer.name, %error, "segment load failed; retrying with back-off");
-                    }
-                    st.record_failure(failure, now);
-                }
+                Err(failure) => st.schedule_retry(&failure, now),
             }
             st.loading = false;
         }

@@ -101,16 +101,20 @@ impl SegmentEngine {
                 return;
             }
         }
-        let result = self.allocate_guarded_locked(buffer, Some(total)).await;
-        let error = match result {
-            Ok(Ok(alloc)) => {
-                {
-                    let mut st = buffer.lock();
-                    st.served += total as u64;
-                    st.max_id = st.max_id.max(alloc.max_id);
-                    st.loads_ok += 1;
-                    st.failure = None;
-                }
+        let started = std::time::Instant::now();
+        let outcome = match self.allocate_guarded_locked(buffer, Some(total)).await {
+            Ok(guarded) => guarded,
+            Err(e) => Err(LoadFailure::from_store(&e)),
+        };
+        {
+            let mut st = buffer.lock();
+            self.book_allocation(buffer, &mut st, started, outcome.as_ref());
+            if outcome.is_ok() {
+                st.served += total as u64;
+            }
+        }
+        match outcome {
+            Ok(alloc) => {
                 let mut next = alloc.first;
                 for waiting in batch {
                     next += waiting.n;
@@ -118,29 +122,13 @@ impl SegmentEngine {
                         .reply
                         .send(self.strict_id(buffer, next - waiting.n, next - 1));
                 }
-                return;
             }
-            Ok(Err(failure)) => {
-                let mut st = buffer.lock();
-                st.loads_failed += 1;
-                st.failure = Some(failure.clone());
-                if matches!(failure, super::LoadFailure::Rollback { .. }) {
-                    st.rollbacks += 1;
+            Err(failure) => {
+                let error = self.failure_error(&buffer.name, failure);
+                for waiting in batch {
+                    let _ = waiting.reply.send(Err(error.clone()));
                 }
-                drop(st);
-                self.failure_error(&buffer.name, failure)
             }
-            Err(e) => {
-                let failure = super::LoadFailure::from_store(&e);
-                let mut st = buffer.lock();
-                st.loads_failed += 1;
-                st.failure = Some(failure.clone());
-                drop(st);
-                self.failure_error(&buffer.name, failure)
-            }
-        };
-        for waiting in batch {
-            let _ = waiting.reply.send(Err(error.clone()));
         }
     }
 

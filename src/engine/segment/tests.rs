@@ -306,6 +306,7 @@ async fn an_opaque_tag_with_a_delta_above_its_step_hands_out_only_opaque_ids() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_tag_orders_requests_across_nodes() {
     let store = Arc::new(MemoryStore::new());
+    let timed = Arc::new(CountingObserver::default());
     let node = || {
         let settings = SegmentSettings {
             adaptive_step: true,
@@ -321,7 +322,7 @@ async fn a_strict_tag_orders_requests_across_nodes() {
             crate::storage::SegmentMarks::in_memory(),
             settings,
             Arc::new(crate::clock::SystemClock),
-            Arc::new(()),
+            timed.clone(),
         )
     };
     let (a, b) = (node(), node());
@@ -356,6 +357,21 @@ async fn a_strict_tag_orders_requests_across_nodes() {
     // here every allocation is instant, so only the count's bound is certain.
     let allocations = a.snapshot()[0].loads_ok + b.snapshot()[0].loads_ok;
     assert!(allocations <= 20 + 1 + 64, "{allocations} allocations");
+    // Each allocation counts in INFO and in the load-duration metric like a trend tag's load.
+    let counted =
+        a.stats().loads_ok.load(Ordering::SeqCst) + b.stats().loads_ok.load(Ordering::SeqCst);
+    assert_eq!(counted, allocations);
+    assert_eq!(timed.0.load(Ordering::SeqCst), allocations);
+}
+
+/// Counts the loads it is told of.
+#[derive(Default)]
+struct CountingObserver(std::sync::atomic::AtomicU64);
+
+impl super::LoadObserver for CountingObserver {
+    fn load_finished(&self, _: &str, _: Duration) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// A request whose batch was taken by a holder that then gave up (its caller timed out) answers
