@@ -30,6 +30,14 @@ struct Cli {
     /// Password clients must AUTH with (server.requirepass).
     #[arg(long, env = "LEAFD_REQUIREPASS", hide_env_values = true, global = true)]
     requirepass: Option<String>,
+    /// Password of the etcd user (snowflake.etcd.password), kept out of the config file.
+    #[arg(
+        long,
+        env = "LEAFD_ETCD_PASSWORD",
+        hide_env_values = true,
+        global = true
+    )]
+    etcd_password: Option<String>,
     /// Maximum simultaneous clients (server.max_clients).
     #[arg(long, env = "LEAFD_MAX_CLIENTS", global = true)]
     max_clients: Option<usize>,
@@ -70,6 +78,9 @@ impl Cli {
         }
         if let Some(v) = &self.requirepass {
             config.server.requirepass = Some(v.clone());
+        }
+        if let Some(v) = &self.etcd_password {
+            config.snowflake.etcd.password = Some(v.clone());
         }
         if let Some(v) = self.max_clients {
             config.server.max_clients = v;

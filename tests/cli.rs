@@ -73,12 +73,20 @@ fn check_config_prints_toml_that_leafd_reads_back() {
         "leafd.example.toml",
         "--requirepass",
         "s3cret",
+        "--etcd-password",
+        "e7cd-pw",
         "--bind",
         "localhost:6390",
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(shown.contains("requirepass = \"<redacted>\""), "{shown}");
     assert!(!shown.contains("s3cret"));
+    let etcd = shown
+        .split("[snowflake.etcd]")
+        .nth(1)
+        .expect("the etcd section");
+    assert!(etcd.contains("\npassword = \"<redacted>\""), "{shown}");
+    assert!(!shown.contains("e7cd-pw"));
     for key in [
         "shutdown_timeout_secs",
         "max_multi_commands",

@@ -196,17 +196,49 @@ async fn the_layout_is_recorded_and_a_change_checked() {
     assert!(err.contains("snowflake layout change refused"), "{err}");
 }
 
-/// A private etcd member that serves only TLS clients with a certificate from its CA.
-struct TlsEtcd {
+/// A private etcd member of one test: TLS or authentication must not touch the shared one.
+struct PrivateEtcd {
     child: std::process::Child,
     dir: tempfile::TempDir,
     endpoint: String,
 }
 
-impl TlsEtcd {
+impl PrivateEtcd {
+    /// Starts `etcd` (from PATH) on free ports, its data and log in `dir`, with `extra` flags.
+    fn spawn(dir: tempfile::TempDir, scheme: &str, extra: &[String]) -> PrivateEtcd {
+        let (port, peer) = (common::binary::free_port(), common::binary::free_port());
+        let data = dir.path().join("data").display().to_string();
+        let endpoint = format!("{scheme}://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
+        let child = std::process::Command::new("etcd")
+            .args(["--name", "leafd-private", "--data-dir", &data])
+            .args(["--listen-client-urls", &endpoint])
+            .args(["--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("leafd-private={peer_url}")])
+            .args(extra)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("etcd on PATH (LEAFD_TEST_ETCD is set: scripts/etcd.sh installs it)");
+        PrivateEtcd {
+            child,
+            dir,
+            endpoint,
+        }
+    }
+
+    /// A plain `http://` member.
+    fn start_plain() -> PrivateEtcd {
+        PrivateEtcd::spawn(tempfile::tempdir().unwrap(), "http", &[])
+    }
+
     /// Writes a CA, the member's certificate (127.0.0.1) and a client certificate, then starts
-    /// `etcd` (from PATH) with `--client-cert-auth`.
-    fn start() -> TlsEtcd {
+    /// a member that serves only TLS clients with a certificate from its CA
+    /// (`--client-cert-auth`).
+    fn start_tls() -> PrivateEtcd {
         use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
         let dir = tempfile::tempdir().unwrap();
         let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
@@ -236,44 +268,65 @@ impl TlsEtcd {
         write("member.key", member_key.serialize_pem());
         write("client.crt", client.pem());
         write("client.key", client_key.serialize_pem());
-        let (port, peer) = (common::binary::free_port(), common::binary::free_port());
         let path = |name: &str| dir.path().join(name).display().to_string();
-        let endpoint = format!("https://127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
-        let child = std::process::Command::new("etcd")
-            .args(["--name", "leafd-tls", "--data-dir", &path("data")])
-            .args(["--listen-client-urls", &endpoint])
-            .args(["--advertise-client-urls", &endpoint])
-            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-            .args([
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-            ])
-            .args([
-                "--initial-cluster",
-                &format!("leafd-tls=http://127.0.0.1:{peer}"),
-            ])
-            .args(["--cert-file", &path("member.crt")])
-            .args(["--key-file", &path("member.key")])
-            .args(["--trusted-ca-file", &path("ca.crt")])
-            .arg("--client-cert-auth")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("etcd on PATH (LEAFD_TEST_ETCD is set: scripts/etcd.sh installs it)");
-        TlsEtcd {
-            child,
-            dir,
-            endpoint,
-        }
+        let flags = [
+            "--cert-file".to_string(),
+            path("member.crt"),
+            "--key-file".into(),
+            path("member.key"),
+            "--trusted-ca-file".into(),
+            path("ca.crt"),
+            "--client-cert-auth".into(),
+        ];
+        PrivateEtcd::spawn(dir, "https", &flags)
     }
 
     fn path(&self, name: &str) -> String {
         self.dir.path().join(name).display().to_string()
     }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("etcd.log")).unwrap_or_default()
+    }
+
+    /// One gateway call of the test's own (plain members only), with an auth token or none.
+    async fn post(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+        token: Option<&str>,
+    ) -> serde_json::Value {
+        let mut request = common::http_client()
+            .post(format!("{}/v3/{path}", self.endpoint))
+            .body(body.to_string());
+        if let Some(token) = token {
+            request = request.header("authorization", token);
+        }
+        let reply = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        serde_json::from_slice(&reply.bytes().await.unwrap()).unwrap()
+    }
+
+    /// Waits until the member answers (it takes a moment to listen).
+    async fn wait_ready(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while common::http_get(format!("{}/health", self.endpoint))
+            .await
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "etcd did not start: {}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
-impl Drop for TlsEtcd {
+impl Drop for PrivateEtcd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -292,7 +345,7 @@ async fn a_member_that_requires_client_certificates() {
     {
         return;
     }
-    let etcd = TlsEtcd::start();
+    let etcd = PrivateEtcd::start_tls();
     let cluster = unique_tag("etcd-tls");
     let states: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let with_tls = |state, ca: &str, client: bool| {
@@ -315,7 +368,7 @@ async fn a_member_that_requires_client_certificates() {
             }
             Err(e) => panic!(
                 "no lease from the TLS member: {e}; etcd log: {}",
-                std::fs::read_to_string(etcd.path("etcd.log")).unwrap_or_default()
+                etcd.log()
             ),
         }
     };
@@ -353,6 +406,141 @@ async fn a_member_that_requires_client_certificates() {
         .await
         .expect("starts");
     assert_eq!(second.snowflake().unwrap().worker_id(), 1);
+    second.close().await;
+    app.close().await;
+}
+
+/// A member with authentication on: a node with a user whose role covers the cluster's prefix
+/// takes its lease and keeps it across a revoked token (auth turned off and on again, which
+/// drops every token); a node without credentials, with a wrong password, or with a user whose
+/// role covers another prefix does not start, each with a line that says what to set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_authentication_on() {
+    if required_env("LEAFD_TEST_ETCD", "a_member_with_authentication_on").is_none() {
+        return;
+    }
+    use base64::Engine;
+    use serde_json::json;
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let etcd = PrivateEtcd::start_plain();
+    etcd.wait_ready().await;
+    let cluster = unique_tag("etcd-auth");
+    let prefix = format!("/leafd/snowflake/{cluster}/");
+    let range_end = format!("/leafd/snowflake/{cluster}0");
+    for (path, body) in [
+        ("auth/role/add", json!({"name": "root"})),
+        (
+            "auth/user/add",
+            json!({"name": "root", "password": "root-pw"}),
+        ),
+        ("auth/user/grant", json!({"user": "root", "role": "root"})),
+        ("auth/role/add", json!({"name": "leafd"})),
+        (
+            "auth/role/grant",
+            json!({"name": "leafd", "perm": {"permType": "READWRITE", "key": b64(&prefix), "range_end": b64(&range_end)}}),
+        ),
+        (
+            "auth/user/add",
+            json!({"name": "leafd", "password": "leafd-pw"}),
+        ),
+        ("auth/user/grant", json!({"user": "leafd", "role": "leafd"})),
+        ("auth/role/add", json!({"name": "elsewhere"})),
+        (
+            "auth/role/grant",
+            json!({"name": "elsewhere", "perm": {"permType": "READWRITE", "key": b64("/elsewhere/"), "range_end": b64("/elsewhere0")}}),
+        ),
+        (
+            "auth/user/add",
+            json!({"name": "other", "password": "other-pw"}),
+        ),
+        (
+            "auth/user/grant",
+            json!({"user": "other", "role": "elsewhere"}),
+        ),
+        ("auth/enable", json!({})),
+    ] {
+        let reply = etcd.post(path, body, None).await;
+        assert!(reply.get("error").is_none(), "{path}: {reply}");
+    }
+    let states: Vec<_> = (0..5).map(|_| tempfile::tempdir().unwrap()).collect();
+    let as_user = |state, user: Option<(&str, &str)>| {
+        let mut config = node(&etcd.endpoint, &cluster, state);
+        config.snowflake.etcd.username = user.map(|u| u.0.to_string());
+        config.snowflake.etcd.password = user.map(|u| u.1.to_string());
+        config
+    };
+    let app = App::open(as_user(&states[0], Some(("leafd", "leafd-pw"))))
+        .await
+        .expect("the user whose role covers the prefix takes a lease");
+    let engine = app.snowflake().unwrap();
+    assert_eq!(engine.worker_id(), 0);
+    assert_eq!(
+        engine
+            .next_ids(1000)
+            .await
+            .unwrap()
+            .iter()
+            .collect::<HashSet<_>>()
+            .len(),
+        1000
+    );
+
+    let refused =
+        |config| async move { App::open(config).await.err().expect("refused").to_string() };
+    let anonymous = refused(as_user(&states[1], None)).await;
+    assert!(
+        anonymous.contains("user name is empty")
+            && anonymous.contains(
+                "the members have authentication on: set snowflake.etcd.username and password"
+            ),
+        "{anonymous}"
+    );
+    let wrong = refused(as_user(&states[2], Some(("leafd", "nope")))).await;
+    assert!(
+        wrong.contains("authentication failed")
+            && wrong.contains("snowflake.etcd.username \"leafd\""),
+        "{wrong}"
+    );
+    let other = refused(as_user(&states[3], Some(("other", "other-pw")))).await;
+    assert!(
+        other.contains("permission denied")
+            && other.contains(&format!(
+                "etcd user \"other\" needs a role with readwrite on the prefix {prefix}"
+            )),
+        "{other}"
+    );
+
+    // Every token dropped: the node's next renewal is refused (401), asks for a new token and
+    // goes on. Past twice the lease's TTL, a node whose renewals had failed would have stopped
+    // issuing and lost its id to the next node.
+    let root = etcd
+        .post(
+            "auth/authenticate",
+            json!({"name": "root", "password": "root-pw"}),
+            None,
+        )
+        .await["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let off = etcd.post("auth/disable", json!({}), Some(&root)).await;
+    assert!(off.get("error").is_none(), "{off}");
+    let on = etcd.post("auth/enable", json!({}), None).await;
+    assert!(on.get("error").is_none(), "{on}");
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    assert_eq!(
+        engine.next_ids(1000).await.unwrap().len(),
+        1000,
+        "still issuing"
+    );
+    let second = App::open(as_user(&states[4], Some(("leafd", "leafd-pw"))))
+        .await
+        .expect("starts");
+    assert_eq!(
+        second.snowflake().unwrap().worker_id(),
+        1,
+        "id 0 still held"
+    );
     second.close().await;
     app.close().await;
 }

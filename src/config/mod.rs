@@ -148,6 +148,9 @@ impl Config {
             user.password = "<redacted>".into();
         }
         shown.storage.url = shown.storage.redacted_url();
+        if shown.snowflake.etcd.password.is_some() {
+            shown.snowflake.etcd.password = Some("<redacted>".into());
+        }
         if !shown.segment.opaque_key.is_empty() {
             shown.segment.opaque_key = "<redacted>".into();
         }

@@ -61,7 +61,7 @@ pub struct SnowflakeConfig {
 }
 
 /// Worker-id leases in etcd, through its v3 JSON gateway (HTTP).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EtcdConfig {
     /// Client URLs of the etcd members (`http://etcd1:2379`), tried in order.
@@ -81,6 +81,27 @@ pub struct EtcdConfig {
     /// Client certificate and key (PEM) for members started with `--client-cert-auth`.
     pub tls_cert_file: Option<String>,
     pub tls_key_file: Option<String>,
+    /// An etcd user (members with `auth enable`): its role needs read-write on
+    /// `{root}/{cluster}/`. With `password`; over `https://` unless the network is trusted.
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("root", &self.root)
+            .field("cluster", &self.cluster)
+            .field("lease_ms", &self.lease_ms)
+            .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl Default for EtcdConfig {
@@ -94,6 +115,8 @@ impl Default for EtcdConfig {
             tls_ca_file: None,
             tls_cert_file: None,
             tls_key_file: None,
+            username: None,
+            password: None,
         }
     }
 }
@@ -255,6 +278,14 @@ impl SnowflakeConfig {
                         .into(),
                 );
             }
+            if etcd.username.is_some() != etcd.password.is_some()
+                || etcd.username.as_deref() == Some("")
+            {
+                return Err(
+                    "snowflake.etcd.username and password go together (an etcd user and its password)"
+                        .into(),
+                );
+            }
             if etcd.tls_cert_file.is_some() != etcd.tls_key_file.is_some() {
                 return Err(
                     "snowflake.etcd.tls_cert_file and tls_key_file go together (a client certificate and its key)"
@@ -354,5 +385,39 @@ mod tests {
         assert!(etcd(&["https://e1:2379"], true, true, false)
             .unwrap_err()
             .contains("go together"));
+    }
+
+    #[test]
+    fn an_etcd_user_goes_with_its_password() {
+        let etcd = |username: Option<&str>, password: Option<&str>| {
+            let mut config = SnowflakeConfig {
+                coordinator: CoordinatorKind::Etcd,
+                ..SnowflakeConfig::default()
+            };
+            config.etcd.username = username.map(str::to_string);
+            config.etcd.password = password.map(str::to_string);
+            config.validate()
+        };
+        assert!(etcd(None, None).is_ok());
+        assert!(etcd(Some("leafd"), Some("pw")).is_ok());
+        let alone =
+            "snowflake.etcd.username and password go together (an etcd user and its password)";
+        assert_eq!(etcd(Some("leafd"), None).unwrap_err(), alone);
+        assert_eq!(etcd(None, Some("pw")).unwrap_err(), alone);
+        assert_eq!(etcd(Some(""), Some("pw")).unwrap_err(), alone);
+        let shown = format!(
+            "{:?}",
+            SnowflakeConfig {
+                etcd: EtcdConfig {
+                    password: Some("pw-secret".into()),
+                    ..EtcdConfig::default()
+                },
+                ..SnowflakeConfig::default()
+            }
+        );
+        assert!(
+            !shown.contains("pw-secret") && shown.contains("<redacted>"),
+            "{shown}"
+        );
     }
 }

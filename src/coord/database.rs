@@ -50,6 +50,15 @@ impl DatabaseCoordinator {
         self.clock.now_millis() + self.lease_ms / 2 + self.renew_interval().as_millis() as u64
     }
 
+    /// Who holds the leases, as a sentence names it.
+    fn holder(&self) -> &'static str {
+        if self.kind == "etcd" {
+            "etcd"
+        } else {
+            "the database"
+        }
+    }
+
     /// Where the leases are, as messages name it.
     fn table(&self) -> &'static str {
         if self.kind == "etcd" {
@@ -246,7 +255,10 @@ impl Coordinator for DatabaseCoordinator {
                 });
             }
         }
-        limit.set_lease(fence, Some(renew_problem(self.clock.now_millis())));
+        limit.set_lease(
+            fence,
+            Some(renew_problem(self.clock.now_millis(), self.holder())),
+        );
         self.remember(worker_id);
         tracing::info!(worker_id, owner = %owner, "snowflake worker id leased from the database");
         let stop = CancellationToken::new();
@@ -254,6 +266,7 @@ impl Coordinator for DatabaseCoordinator {
             link.reported(self.clock.now_millis());
         }
         let task = tokio::spawn(renew(
+            self.holder(),
             self.link.clone(),
             self.layout.descriptor(),
             self.store.clone(),
@@ -278,9 +291,10 @@ impl Coordinator for DatabaseCoordinator {
     }
 }
 
-fn renew_problem(since_ms: u64) -> String {
+/// Why IDs stopped: `holder` ("the database", "etcd") renewed no lease for half of it.
+fn renew_problem(since_ms: u64, holder: &str) -> String {
     format!(
-        "no successful worker-id lease renewal since {since_ms} ms (UNIX time): the database is unreachable for half the lease"
+        "no successful worker-id lease renewal since {since_ms} ms (UNIX time): {holder} is unreachable for half the lease"
     )
 }
 
@@ -291,6 +305,7 @@ const RETRY_FAILED_RENEWAL: Duration = Duration::from_millis(200);
 /// the id for good.
 #[allow(clippy::too_many_arguments)]
 async fn renew(
+    holder: &'static str,
     link: Option<Arc<super::LinkStatus>>,
     layout: String,
     store: Arc<dyn WorkerLeaseStore>,
@@ -340,7 +355,7 @@ async fn renew(
                         continue;
                     }
                 }
-                limit.set_lease(fence, Some(renew_problem(now)));
+                limit.set_lease(fence, Some(renew_problem(now, holder)));
                 if let Some(link) = &link {
                     link.reported(now);
                 }

@@ -36,6 +36,10 @@ pub struct EtcdLeases {
     /// with `--client-cert-auth` may close the connection before its alert is read, and the
     /// error is then only "connection was not ready".
     missing_client_cert_hint: &'static str,
+    /// `snowflake.etcd.username` and `password`, and the token etcd gave for them last
+    /// (asked for again when a member calls it invalid: expired, or auth was turned off and on).
+    credentials: Option<(String, String)>,
+    token: Mutex<Option<String>>,
     /// The link as INFO and `/metrics` show it.
     pub status: std::sync::Arc<LinkStatus>,
 }
@@ -131,8 +135,81 @@ impl EtcdLeases {
             } else {
                 ""
             },
+            credentials: cfg.username.clone().zip(cfg.password.clone()),
+            token: Mutex::new(None),
             status: std::sync::Arc::new(LinkStatus::new("etcd")),
         })
+    }
+
+    /// One POST to one member, with the auth token when there is one.
+    async fn send(
+        &self,
+        url: &str,
+        body: &str,
+        token: Option<&str>,
+    ) -> Result<(reqwest::StatusCode, bytes::Bytes), reqwest::Error> {
+        let mut request = self
+            .http
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(token) = token {
+            request = request.header("authorization", token);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        Ok((status, response.bytes().await?))
+    }
+
+    /// The token to send to `endpoint`: the last one, or a new one for the configured user.
+    /// `None` without credentials.
+    async fn token(&self, endpoint: &str, fresh: bool) -> Result<Option<String>, String> {
+        let Some((name, password)) = &self.credentials else {
+            return Ok(None);
+        };
+        if !fresh {
+            if let Some(token) = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return Ok(Some(token));
+            }
+        }
+        let url = format!("{endpoint}/v3/auth/authenticate");
+        let body = json!({ "name": name, "password": password }).to_string();
+        let (status, bytes) = self
+            .send(&url, &body, None)
+            .await
+            .map_err(|e| format!("{url}: {}", with_causes(&e)))?;
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{url}: {status}, unreadable answer ({e})"))?;
+        let token = value
+            .get("token")
+            .and_then(Value::as_str)
+            .filter(|_| status.is_success());
+        let Some(token) = token else {
+            let error = value
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("no token");
+            return Err(format!(
+                "{url}: {status} {error} (snowflake.etcd.username {name:?})"
+            ));
+        };
+        *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.to_string());
+        Ok(Some(token.to_string()))
+    }
+
+    /// What to do about an error reply: a hint for the operator when it is about
+    /// authentication or permissions.
+    fn auth_hint(&self, status: reqwest::StatusCode) -> String {
+        match (status.as_u16(), &self.credentials) {
+            (400, None) => " (the members have authentication on: set snowflake.etcd.username \
+                            and password)"
+                .into(),
+            (403, Some((name, _))) => format!(
+                " (etcd user {name:?} needs a role with readwrite on the prefix {})",
+                self.prefix
+            ),
+            _ => String::new(),
+        }
     }
 
     /// One gateway call, to the endpoint that answered last and then to the others in turn.
@@ -142,16 +219,28 @@ impl EtcdLeases {
         for k in 0..self.endpoints.len() {
             let i = (first + k) % self.endpoints.len();
             let url = format!("{}/v3/{path}", self.endpoints[i]);
+            let body = body.to_string();
             let answer = async {
-                let response = self
-                    .http
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(body.to_string())
-                    .send()
-                    .await?;
-                let status = response.status();
-                Ok::<_, reqwest::Error>((status, response.bytes().await?))
+                let token = self.token(&self.endpoints[i], false).await?;
+                let sent = self.send(&url, &body, token.as_deref()).await;
+                // 401: the token expired or was revoked (auth turned off and on); a call
+                // refused for it did nothing, so it is made again once with a new token.
+                let sent = match sent {
+                    Ok((status, _))
+                        if status == reqwest::StatusCode::UNAUTHORIZED && token.is_some() =>
+                    {
+                        let token = self.token(&self.endpoints[i], true).await?;
+                        self.send(&url, &body, token.as_deref()).await
+                    }
+                    sent => sent,
+                };
+                sent.map_err(|e| {
+                    format!(
+                        "{url}: {}{}",
+                        with_causes(&e),
+                        self.missing_client_cert_hint
+                    )
+                })
             };
             match answer.await {
                 Ok((status, bytes)) => {
@@ -160,19 +249,16 @@ impl EtcdLeases {
                     })?;
                     if !status.is_success() || value.get("error").is_some() {
                         self.status.set_connected(true);
-                        return Err(unavailable(format!("{url}: {status} {value}")));
+                        return Err(unavailable(format!(
+                            "{url}: {status} {value}{}",
+                            self.auth_hint(status)
+                        )));
                     }
                     self.current.store(i, Ordering::Relaxed);
                     self.status.set_connected(true);
                     return Ok(value);
                 }
-                Err(e) => {
-                    last_error = Some(format!(
-                        "{url}: {}{}",
-                        with_causes(&e),
-                        self.missing_client_cert_hint
-                    ))
-                }
+                Err(e) => last_error = Some(e),
             }
         }
         self.status.set_connected(false);
