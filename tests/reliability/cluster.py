@@ -38,6 +38,7 @@ longest gap, the slowest requests (with what they waited on) and each graceful s
 import argparse
 import array
 import collections
+import contextlib
 import csv
 import http.client
 import io
@@ -211,6 +212,19 @@ def stop_gracefully(node, bound=GRACEFUL_BOUND):
     return took
 
 
+def log_warnings(nodes):
+    """The WARN and ERROR lines of the nodes' logs (one log file per process name), counted by
+    message (timestamps and fields after the message cut): printed, not judged."""
+    seen = collections.Counter()
+    for path in sorted({n.log_path for n in nodes}):
+        with contextlib.suppress(OSError), open(path, errors="replace") as f:
+            for line in f:
+                parts = line.split(None, 3)
+                if len(parts) == 4 and parts[1] in ("WARN", "ERROR"):
+                    seen[f"{parts[1]} {parts[3][:150].strip()}"] += 1
+    return seen
+
+
 def worker_of(snowflake_id):
     return (snowflake_id >> 12) & 0x3FF
 
@@ -248,7 +262,7 @@ def start_round(binary, dialect, round_no, work):
             raise Failure(f"{dialect} round {round_no}: worker ids per node {workers}")
         for node in nodes:
             stop_gracefully(node)
-        return max(ready.values()), len(segment) + len(snowflake), sorted(held), leafd.log_warnings(nodes)
+        return max(ready.values()), len(segment) + len(snowflake), sorted(held), log_warnings(nodes)
     finally:
         leafd.stop_all(nodes)
         db.drop()
@@ -558,7 +572,7 @@ def behind_haproxy(binary, work):
         check_alive(nodes, clients)
         for node in nodes:
             record["graceful"].append((f"{node.name} (end)", stop_gracefully(node)))
-        report(clients, stalls, proxy, record, leafd.log_warnings(nodes))
+        report(clients, stalls, proxy, record, log_warnings(nodes))
     finally:
         stop.set()
         for c in clients:

@@ -791,10 +791,9 @@ def first_error_line(node):
 
 
 def log_warnings(nodes):
-    """WARN and ERROR lines of the nodes' logs, counted by message (numbers cut); a log file
-    that nodes share is read once."""
+    """WARN and ERROR lines of the nodes' logs, counted by message (numbers cut)."""
     seen = collections.Counter()
-    for node in {n.log_path: n for n in nodes}.values():
+    for node in nodes:
         for line in node.log_text().splitlines():
             parts = line.split(None, 3)
             if len(parts) == 4 and parts[1] in ("WARN", "ERROR"):
