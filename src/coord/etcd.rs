@@ -215,11 +215,11 @@ impl EtcdLeases {
     /// One gateway call, to the endpoint that answered last and then to the others in turn.
     async fn call(&self, path: &str, body: Value) -> Result<Value, StoreError> {
         let first = self.current.load(Ordering::Relaxed);
+        let body = body.to_string();
         let mut last_error = None;
         for k in 0..self.endpoints.len() {
             let i = (first + k) % self.endpoints.len();
             let url = format!("{}/v3/{path}", self.endpoints[i]);
-            let body = body.to_string();
             let answer = async {
                 let token = self.token(&self.endpoints[i], false).await?;
                 let sent = self.send(&url, &body, token.as_deref()).await;

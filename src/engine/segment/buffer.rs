@@ -273,9 +273,9 @@ impl BufferState {
 
     /// A block ending at `last` was handed out straight from the database: the buffers move
     /// past it (the IDs they held below it are skipped), so the next ID is above the block.
-    pub fn pass_block(&mut self, last: i64, table_max_id: i64) {
+    /// (The block's allocation is counted by [`BufferState::allocated`].)
+    pub fn pass_block(&mut self, last: i64) {
         self.floor = self.floor.max(last);
-        self.max_id = self.max_id.max(table_max_id);
         self.current = self.current.and_then(|s| s.above(self.floor));
         self.next = self.next.and_then(|s| s.above(self.floor));
     }
@@ -382,7 +382,7 @@ mod tests {
         };
         assert_eq!(st.take(1), Some(1));
         // A block of 50 reserved in the database after this segment: 530..580.
-        st.pass_block(579, 580);
+        st.pass_block(579);
         assert_eq!(
             st.take(1),
             None,
@@ -391,7 +391,7 @@ mod tests {
         // A load that was in flight when the block was reserved returns a lower segment.
         st.install(Segment::granted(501, 1001), 500, 0);
         assert_eq!(st.take(1), Some(580));
-        st.pass_block(2000, 2001);
+        st.pass_block(2000);
         st.install(Segment::granted(2001, 2501), 500, 0);
         assert_eq!(st.take(1), Some(2001));
     }

@@ -58,12 +58,13 @@ impl SegmentEngine {
                 // `span` raw positions, `first..max_id`, hold exactly `n` IDs of the
                 // interleave.
                 let last = interleave.at_or_below(alloc.max_id - 1);
-                st.pass_block(last, alloc.max_id);
+                st.pass_block(last);
                 Ok(last)
             }
             Err(failure) => Err(self.failure_error(&buffer.name, failure)),
         }
     }
+
     /// Books one finished allocation of `buffer`, whichever path made it (a trend tag's
     /// segment, a block larger than the step, a strict tag's batch), so INFO, `/cache` and the
     /// metrics count them all alike: the engine's and the tag's counters, its duration, and a
