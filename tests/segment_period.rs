@@ -85,11 +85,19 @@ async fn a_day_boundary_with_clocks_a_second_apart(url: &str) {
     assert_eq!(over_http, "ORD202612050005");
     handed_out.push(202612050005);
 
-    // The 5th's 9,999 numbers run out: a block that does not fit is refused whole, never
-    // wrapped, never taken from the 6th; later requests of the 5th are refused too.
+    // The 5th's 9,999 numbers run out: a block that does not fit is refused whole, nothing
+    // taken, never wrapped, never taken from the 6th; what is left is still served, and then
+    // later requests of the 5th are refused too.
     handed_out.push(incrby(&mut ca, 9_990).await.unwrap());
     assert_eq!(handed_out.last(), Some(&202612059995));
     let refused = incrby(&mut ca, 5).await.unwrap_err().to_string();
+    assert!(
+        refused.contains("tag 'ord': period 20261205 has 4 sequence numbers left, fewer than the 5 asked; nothing was taken"),
+        "{refused}"
+    );
+    handed_out.push(incrby(&mut cb, 4).await.unwrap());
+    assert_eq!(handed_out.last(), Some(&202612059999));
+    let refused = incrby(&mut ca, 1).await.unwrap_err().to_string();
     assert!(
         refused.contains("tag 'ord': period 20261205 has used all its 9999 sequence numbers"),
         "{refused}"

@@ -92,7 +92,10 @@ async fn a_row_shared_with(url: &str, other: Other) {
     for _ in 0..400 {
         let step = rng.bool().then(|| rng.i64(1..40));
         let range = if rng.bool() {
-            let alloc = store.allocate(&tag, step, 0).await.unwrap();
+            let alloc = store
+                .allocate(&tag, leafd::storage::Grant::step(step, 0))
+                .await
+                .unwrap();
             let gap = alloc.first - last_max;
             assert_eq!(
                 gap,

@@ -28,7 +28,9 @@ pub(super) fn segment_status(err: &SegmentError) -> StatusCode {
         SegmentError::Exhausted(_) => StatusCode::GONE,
         SegmentError::Rollback { .. } => StatusCode::CONFLICT,
         // Served again from the next period on.
-        SegmentError::PeriodExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        SegmentError::PeriodExhausted { .. } | SegmentError::PeriodShort { .. } => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
     }
 }
 

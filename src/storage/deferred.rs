@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 
-use super::{LeafAlloc, NewTag, SegmentStore, StoreError};
+use super::{Grant, LeafAlloc, NewTag, SegmentStore, StoreError};
 
 pub struct DeferredStore {
     backend: &'static str,
@@ -45,13 +45,8 @@ impl DeferredStore {
 
 #[async_trait]
 impl SegmentStore for DeferredStore {
-    async fn allocate(
-        &self,
-        tag: &str,
-        step: Option<i64>,
-        failover_margin: i64,
-    ) -> Result<LeafAlloc, StoreError> {
-        self.store()?.allocate(tag, step, failover_margin).await
+    async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
+        self.store()?.allocate(tag, grant).await
     }
 
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {

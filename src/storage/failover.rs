@@ -19,6 +19,10 @@ pub struct FailoverSkip {
 /// may have served it, so the range then starts one above. `row_writer` is `None` for a row no
 /// allocation has marked yet (created before leafd recorded writers): nothing to compare, no
 /// failover skip.
+///
+/// With a window, a range that would cross the window's end is refused whole
+/// ([`super::StoreError::PastEnd`]), unless the failover margin is what crosses it: the rest
+/// of the window is then used up, `first == max_id` at its end (never lower than the row).
 pub(crate) fn plan(
     tag: &str,
     row_max_id: i64,
@@ -26,22 +30,35 @@ pub(crate) fn plan(
     step: i64,
     row_writer: Option<&str>,
     current: &str,
-    failover_margin: i64,
+    grant: &super::Grant,
 ) -> Result<(i64, i64, Option<FailoverSkip>), super::StoreError> {
     let skip = row_writer
         .filter(|previous| *previous != current)
         .map(|previous| FailoverSkip {
             previous: previous.to_string(),
             current: current.to_string(),
-            margin: failover_margin,
+            margin: grant.failover_margin,
         });
     let margin = skip.as_ref().map_or(0, |s| s.margin);
     let unserved = i64::from(row_exclusive_max != Some(row_max_id));
     let exhausted = || super::StoreError::Exhausted(tag.to_string());
-    let first = row_max_id
-        .checked_add(unserved)
-        .and_then(|m| m.checked_add(margin))
-        .ok_or_else(exhausted)?;
+    let base = row_max_id.checked_add(unserved).ok_or_else(exhausted)?;
+    if let Some(window) = grant.window {
+        let end = window.end_of(base);
+        let fits = |first: i64| first.checked_add(step).is_some_and(|max| max <= end);
+        if !fits(base.saturating_add(margin)) {
+            if skip.is_some() {
+                let used_up = end.max(row_max_id);
+                return Ok((used_up, used_up, skip));
+            }
+            return Err(super::StoreError::PastEnd {
+                tag: tag.to_string(),
+                max_id: row_max_id,
+                left: (end - base).max(0),
+            });
+        }
+    }
+    let first = base.checked_add(margin).ok_or_else(exhausted)?;
     let max_id = first.checked_add(step).ok_or_else(exhausted)?;
     Ok((first, max_id, skip))
 }
@@ -49,19 +66,25 @@ pub(crate) fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::Grant;
+
+    fn g(failover_margin: i64) -> Grant {
+        Grant::step(None, failover_margin)
+    }
 
     #[test]
     fn skips_only_for_another_writer() {
         // A leafd allocation left 100 unserved: the range starts there.
         assert_eq!(
-            plan("t", 100, Some(100), 10, None, "a", 1000).unwrap(),
+            plan("t", 100, Some(100), 10, None, "a", &g(1000)).unwrap(),
             (100, 110, None)
         );
         assert_eq!(
-            plan("t", 100, Some(100), 10, Some("a"), "a", 1000).unwrap(),
+            plan("t", 100, Some(100), 10, Some("a"), "a", &g(1000)).unwrap(),
             (100, 110, None)
         );
-        let (first, max_id, skip) = plan("t", 100, Some(100), 10, Some("b"), "a", 1000).unwrap();
+        let (first, max_id, skip) =
+            plan("t", 100, Some(100), 10, Some("b"), "a", &g(1000)).unwrap();
         assert_eq!((first, max_id), (1100, 1110));
         assert_eq!(
             skip,
@@ -79,7 +102,7 @@ mod tests {
                 10,
                 Some("b"),
                 "a",
-                1000
+                &g(1000)
             ),
             Err(crate::storage::StoreError::Exhausted(_))
         ));
@@ -90,10 +113,10 @@ mod tests {
             10,
             Some("a"),
             "a",
-            1000
+            &g(1000)
         )
         .is_ok());
-        assert!(plan("t", i64::MAX - 10, None, 10, Some("a"), "a", 1000).is_err());
+        assert!(plan("t", i64::MAX - 10, None, 10, Some("a"), "a", &g(1000)).is_err());
     }
 
     #[test]
@@ -101,14 +124,51 @@ mod tests {
         // Leaf (or a leafd before exclusive_max) raised max_id to 100: the column is behind it
         // or empty, and 100 may have been served.
         assert_eq!(
-            plan("t", 100, Some(90), 10, None, "a", 0).unwrap(),
+            plan("t", 100, Some(90), 10, None, "a", &g(0)).unwrap(),
             (101, 111, None)
         );
         assert_eq!(
-            plan("t", 100, None, 10, None, "a", 0).unwrap(),
+            plan("t", 100, None, 10, None, "a", &g(0)).unwrap(),
             (101, 111, None)
         );
         // The failover margin comes on top.
-        assert_eq!(plan("t", 100, None, 10, Some("b"), "a", 50).unwrap().0, 151);
+        assert_eq!(
+            plan("t", 100, None, 10, Some("b"), "a", &g(50)).unwrap().0,
+            151
+        );
+    }
+
+    #[test]
+    fn a_window_is_never_crossed() {
+        // Windows of 100 positions, the first 10 usable (a period tag with one digit).
+        let window = Some(crate::storage::Window {
+            span: 100,
+            usable: 10,
+        });
+        let grant = |margin| Grant {
+            step: None,
+            failover_margin: margin,
+            window,
+        };
+        assert_eq!(
+            plan("t", 2001, Some(2001), 9, None, "a", &grant(0)).unwrap(),
+            (2001, 2010, None)
+        );
+        match plan("t", 2001, Some(2001), 10, None, "a", &grant(0)) {
+            Err(crate::storage::StoreError::PastEnd { left, max_id, .. }) => {
+                assert_eq!((left, max_id), (9, 2001))
+            }
+            other => panic!("{other:?}"),
+        }
+        // A row at the window's end, or in its gap: nothing left, never the next window.
+        assert!(plan("t", 2010, Some(2010), 1, None, "a", &grant(0)).is_err());
+        assert!(plan("t", 2050, Some(2050), 1, None, "a", &grant(0)).is_err());
+        // The margin that crosses the end uses the window up, and no more.
+        let (first, max_id, skip) =
+            plan("t", 2003, Some(2003), 1, Some("b"), "a", &grant(1000)).unwrap();
+        assert_eq!((first, max_id), (2010, 2010));
+        assert!(skip.is_some());
+        let (first, max_id, _) = plan("t", 2003, Some(2003), 2, Some("b"), "a", &grant(3)).unwrap();
+        assert_eq!((first, max_id), (2006, 2008));
     }
 }

@@ -29,8 +29,7 @@ macro_rules! locked_segment_store {
             async fn allocate(
                 &self,
                 tag: &str,
-                step: Option<i64>,
-                failover_margin: i64,
+                grant: $crate::storage::Grant,
             ) -> Result<$crate::storage::LeafAlloc, $crate::storage::StoreError> {
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                     let current = $instance(&mut *tx).await?;
@@ -45,10 +44,10 @@ macro_rules! locked_segment_store {
                         tag,
                         alloc.max_id,
                         exclusive_max,
-                        step.unwrap_or(alloc.step),
+                        grant.step.unwrap_or(alloc.step),
                         writer.as_deref(),
                         &current,
-                        failover_margin,
+                        &grant,
                     )?;
                     sqlx::query($advance)
                         .bind(max_id)

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{LeafAlloc, NewTag, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
+use super::{Grant, LeafAlloc, NewTag, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
 
 #[derive(Default)]
 pub struct MemoryStore {
@@ -37,21 +37,26 @@ impl MemoryStore {
 
 #[async_trait]
 impl SegmentStore for MemoryStore {
-    async fn allocate(
-        &self,
-        tag: &str,
-        step: Option<i64>,
-        _failover_margin: i64,
-    ) -> Result<LeafAlloc, StoreError> {
+    async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
         let mut rows = self.rows();
         let row = rows
             .get_mut(tag)
             .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
         // Every row here is written by leafd alone: each range starts at the last max_id.
         let first = row.max_id;
-        row.max_id = first
-            .checked_add(step.unwrap_or(row.step))
+        let max_id = first
+            .checked_add(grant.step.unwrap_or(row.step))
             .ok_or_else(|| StoreError::Exhausted(tag.to_string()))?;
+        if let Some(window) = grant.window {
+            if max_id > window.end_of(first) {
+                return Err(StoreError::PastEnd {
+                    tag: tag.to_string(),
+                    max_id: first,
+                    left: (window.end_of(first) - first).max(0),
+                });
+            }
+        }
+        row.max_id = max_id;
         row.first = first;
         Ok(row.clone())
     }

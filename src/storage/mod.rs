@@ -59,6 +59,46 @@ pub struct NewTag {
     pub max_tags: usize,
 }
 
+/// What one allocation asks of a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Grant {
+    /// IDs to grant; `None`: the row's own step.
+    pub step: Option<i64>,
+    /// IDs skipped first when the row was last allocated by another database instance.
+    pub failover_margin: i64,
+    /// The window the granted range must stay inside (a period tag's numbers); `None`: the
+    /// whole ID space.
+    pub window: Option<Window>,
+}
+
+impl Grant {
+    /// The row's own step, over the whole ID space.
+    pub fn step(step: Option<i64>, failover_margin: i64) -> Grant {
+        Grant {
+            step,
+            failover_margin,
+            window: None,
+        }
+    }
+}
+
+/// Positions come in windows of `span`, of which only the first `usable` may be granted (a
+/// period tag: one window per period, its sequence numbers first, then a gap that is never
+/// handed out). A grant never crosses the end of the usable part of the window its first
+/// position lies in: it is refused whole ([`StoreError::PastEnd`]) and the row left as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub span: i64,
+    pub usable: i64,
+}
+
+impl Window {
+    /// The first position past the usable part of the window `position` lies in.
+    pub fn end_of(&self, position: i64) -> i64 {
+        position - position.rem_euclid(self.span) + self.usable
+    }
+}
+
 /// One row of `leaf_alloc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeafAlloc {
@@ -97,6 +137,10 @@ pub enum StoreError {
     /// The allocation would pass 2^63 − 1; the row was left as it was.
     #[error("tag '{0}' has exhausted its ID space")]
     Exhausted(String),
+    /// The grant would cross the end of its [`Window`]; the row was left as it was. `max_id`
+    /// is the row's, `left` the positions the window still had for a grant.
+    #[error("tag '{tag}': only {left} IDs are left before the end of the window at {max_id}")]
+    PastEnd { tag: String, max_id: i64, left: i64 },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     /// A write (its statements or its commit) failed: nothing of it took effect, and nothing a
@@ -217,13 +261,11 @@ pub trait SegmentStore: Send + Sync + 'static {
     /// When the row's last allocation was made by another database instance than the one
     /// answering (a failover or a restore that may have lost allocations), `failover_margin`
     /// more IDs are skipped first and [`LeafAlloc::failover`] says so. An allocation that would
-    /// pass `i64::MAX` is refused, the row unchanged: [`StoreError::Exhausted`].
-    async fn allocate(
-        &self,
-        tag: &str,
-        step: Option<i64>,
-        failover_margin: i64,
-    ) -> Result<LeafAlloc, StoreError>;
+    /// pass `i64::MAX` is refused, the row unchanged: [`StoreError::Exhausted`]; one that
+    /// would cross the end of its [`Grant::window`] likewise: [`StoreError::PastEnd`], except
+    /// when it is the failover margin that crosses it: the rest of the window is then used up
+    /// (the row moves to its end and records the instance), and the grant is empty.
+    async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError>;
 
     /// Every row of the table.
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError>;
@@ -372,11 +414,26 @@ fn insert_error(err: sqlx::Error, tag: &str) -> StoreError {
     }
 }
 
-/// Why a guarded UPDATE changed no row: the tag is missing, or it is at the end of its space.
-fn not_allocated(exists: bool, tag: &str) -> StoreError {
-    if exists {
-        StoreError::Exhausted(tag.to_string())
-    } else {
-        StoreError::UnknownTag(tag.to_string())
+/// Why a guarded UPDATE changed no row, from the row read after it (`max_id`, `exclusive_max`,
+/// `step`): the tag is missing, the grant would cross its window's end, or it is at the end of
+/// its space.
+fn not_allocated(row: Option<(i64, Option<i64>, i64)>, tag: &str, grant: &Grant) -> StoreError {
+    let Some((max_id, exclusive_max, step)) = row else {
+        return StoreError::UnknownTag(tag.to_string());
+    };
+    let base = max_id.saturating_add(i64::from(exclusive_max != Some(max_id)));
+    match grant.window {
+        Some(window)
+            if base
+                .checked_add(grant.step.unwrap_or(step))
+                .is_some_and(|end| end > window.end_of(base)) =>
+        {
+            StoreError::PastEnd {
+                tag: tag.to_string(),
+                max_id,
+                left: (window.end_of(base) - base).max(0),
+            }
+        }
+        _ => StoreError::Exhausted(tag.to_string()),
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::runtime::Handle;
 
-use super::{LeafAlloc, NewTag, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
+use super::{Grant, LeafAlloc, NewTag, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
 
 /// Runs the calls of `inner` as tasks on `runtime`. Without it, a pooled connection opened
 /// during a command on a connection thread would be registered with that thread's event loop:
@@ -43,14 +43,9 @@ impl<S: ?Sized + Send + Sync + 'static> OnRuntime<S> {
 
 #[async_trait]
 impl SegmentStore for OnRuntime<dyn SegmentStore> {
-    async fn allocate(
-        &self,
-        tag: &str,
-        step: Option<i64>,
-        failover_margin: i64,
-    ) -> Result<LeafAlloc, StoreError> {
+    async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
         let tag = tag.to_string();
-        self.run(|s| async move { s.allocate(&tag, step, failover_margin).await })
+        self.run(|s| async move { s.allocate(&tag, grant).await })
             .await
     }
 

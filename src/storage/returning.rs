@@ -2,7 +2,8 @@
 //! statements and the same handling, differing only in the SQL text a dialect passes in.
 
 /// Implements [`super::SegmentStore`] for a store with a `pool` field. The SQL texts bind, in
-/// order: `allocate` the step (`Option<i64>`) then the tag, returning `biz_tag, max_id, step,
+/// order: `allocate` the step (`Option<i64>`), the tag, then the window's span and usable
+/// positions (both `NULL` without a window), returning `biz_tag, max_id, step,
 /// description, opaque, split` (and setting `exclusive_max` to the new `max_id`: see
 /// [`super::SegmentStore::allocate`]); `exists` the tag; `insert` tag, start (its `max_id` and
 /// `exclusive_max`), step, description, split; `set_step` step then tag. `$row` maps a returned row to a [`super::LeafAlloc`].
@@ -26,15 +27,19 @@ macro_rules! returning_segment_store {
             async fn allocate(
                 &self,
                 tag: &str,
-                step: Option<i64>,
-                // One file has one writer: a SQLite database has no replica to fail over to.
-                _failover_margin: i64,
+                // One file has one writer: a SQLite database has no replica to fail over to,
+                // so the failover margin never applies.
+                grant: $crate::storage::Grant,
             ) -> Result<$crate::storage::LeafAlloc, $crate::storage::StoreError> {
+                let step = grant.step;
+                let window = grant.window;
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                     // fetch_all steps the statement to its end, where its changes are written.
                     let rows = sqlx::query($allocate)
                         .bind(step)
                         .bind(tag)
+                        .bind(window.map(|w| w.span))
+                        .bind(window.map(|w| w.usable))
                         .fetch_all(&mut *tx)
                         .await?;
                     match rows.first() {
@@ -44,8 +49,9 @@ macro_rules! returning_segment_store {
                             Ok((tx, alloc))
                         }
                         None => {
-                            let exists = sqlx::query($exists).bind(tag).fetch_all(&mut *tx).await?;
-                            Err($crate::storage::not_allocated(!exists.is_empty(), tag))
+                            let row: Option<(i64, Option<i64>, i64)> =
+                                sqlx::query_as($exists).bind(tag).fetch_optional(&mut *tx).await?;
+                            Err($crate::storage::not_allocated(row, tag, &grant))
                         }
                     }
                 })

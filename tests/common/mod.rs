@@ -17,7 +17,7 @@ use leafd::app::App;
 use leafd::clock::SystemClock;
 use leafd::config::Config;
 use leafd::run::{RunError, Server};
-use leafd::storage::{LeafAlloc, NewTag, SegmentStore, StoreError};
+use leafd::storage::{Grant, LeafAlloc, NewTag, SegmentStore, StoreError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
@@ -327,15 +327,10 @@ impl FlakyStore {
 
 #[async_trait]
 impl SegmentStore for FlakyStore {
-    async fn allocate(
-        &self,
-        tag: &str,
-        step: Option<i64>,
-        failover_margin: i64,
-    ) -> Result<LeafAlloc, StoreError> {
+    async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
         self.allocations.fetch_add(1, Ordering::SeqCst);
         self.gate().await?;
-        self.inner.allocate(tag, step, failover_margin).await
+        self.inner.allocate(tag, grant).await
     }
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         self.gate().await?;

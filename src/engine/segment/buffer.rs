@@ -243,6 +243,14 @@ impl BufferState {
         self.failure = None;
     }
 
+    /// An operator changed the row (a skip, a re-split): the failure seen before is no longer
+    /// the row's, so the next request asks the database again instead of repeating it.
+    pub fn forget_failure(&mut self) {
+        self.failure = None;
+        self.retry_at_ms = 0;
+        self.backoff_ms = 0;
+    }
+
     /// Counts an allocation of the tag that failed.
     pub fn failed(&mut self, failure: LoadFailure) {
         self.loads_failed += 1;

@@ -9,7 +9,11 @@ use super::step;
 use super::{
     BufferState, Interleave, LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer,
 };
-use crate::storage::{LeafAlloc, StoreError};
+use crate::storage::{Grant, LeafAlloc, StoreError};
+
+/// What a strict tag's row records (in its `split` column, which a strict tag does not
+/// otherwise use): a node serving the tag in trend order is refused.
+pub const STRICT_MARKER: &str = "order:strict";
 
 /// Told the outcome of every segment load (the metrics implement it), so the engine need not
 /// know how they are exported.
@@ -84,6 +88,11 @@ impl SegmentEngine {
                     tracing::info!(tag = %buffer.name, "segment loads succeed again");
                 }
                 st.allocated(alloc.max_id);
+                if buffer.strict {
+                    // No segment is installed for a strict tag: LEAF.TAGS shows the row's step.
+                    st.step = alloc.step;
+                    st.table_step = alloc.step;
+                }
             }
             Err(failure) => {
                 self.stats.loads_failed.fetch_add(1, Ordering::Relaxed);
@@ -163,15 +172,24 @@ impl SegmentEngine {
                 buffer.opaque_claimed.store(true, Ordering::Release);
             }
         }
-        let alloc = self.allocate_retrying(&buffer.name, step).await?;
+        let grant = Grant {
+            step,
+            failover_margin: self.settings.failover_margin,
+            window: buffer.period.as_ref().map(|rule| rule.window()),
+        };
+        let alloc = self.allocate_retrying(&buffer.name, grant).await?;
         self.note_failover(&buffer.name, &alloc);
         if let Err(refused) = opaque_range_check(buffer, &alloc) {
             return Ok(Err(refused));
         }
         let interleave = buffer.lock().interleave;
-        let checked = match &buffer.period {
-            Some(rule) => self.period_check(&buffer.name, rule, &alloc).await?,
-            None => self.split_check(&buffer.name, interleave, &alloc).await?,
+        let checked = match (&buffer.period, buffer.strict) {
+            (Some(rule), _) => {
+                self.rule_check(&buffer.name, &rule.marker(), &alloc)
+                    .await?
+            }
+            (None, true) => self.rule_check(&buffer.name, STRICT_MARKER, &alloc).await?,
+            (None, false) => self.split_check(&buffer.name, interleave, &alloc).await?,
         };
         if let Err(refused) = checked {
             // LEAF.TAGS shows the table's max_id even while the tag is refused: the re-split
@@ -186,19 +204,11 @@ impl SegmentEngine {
     /// One allocation, retried for `load_timeout` while the database answers with errors that
     /// pass by themselves (a new primary taking over, a deadlock or Galera certification
     /// conflict, a connection cut): the caller sees them only when they last.
-    async fn allocate_retrying(
-        &self,
-        tag: &str,
-        step: Option<i64>,
-    ) -> Result<LeafAlloc, StoreError> {
+    async fn allocate_retrying(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
         let deadline = tokio::time::Instant::now() + self.settings.load_timeout;
         let mut pause = Duration::from_millis(10);
         loop {
-            match self
-                .store
-                .allocate(tag, step, self.settings.failover_margin)
-                .await
-            {
+            match self.store.allocate(tag, grant).await {
                 Err(e) if e.is_transient() && tokio::time::Instant::now() + pause < deadline => {
                     tracing::debug!(tag, error = %e, "allocation failed; retrying");
                     tokio::time::sleep(pause).await;
@@ -228,6 +238,14 @@ impl SegmentEngine {
             return Ok(Err(LoadFailure::Unavailable(
                 format!(
                     "IDs refused: tag '{tag}' hands out period IDs ({rule}) and this node has no period configured for it; its positions are not IDs"
+                )
+                .into(),
+            )));
+        }
+        if recorded == Some(STRICT_MARKER) {
+            return Ok(Err(LoadFailure::Unavailable(
+                format!(
+                    "IDs refused: tag '{tag}' records strict order ({STRICT_MARKER}) and this node serves it in trend order, whose buffered IDs would come back out of order; configure order = \"strict\" for the tag on this node"
                 )
                 .into(),
             )));
@@ -266,32 +284,40 @@ impl SegmentEngine {
         }
     }
 
-    /// Whether this node's period rule is the one the tag's row records (read in the
-    /// allocation's transaction), recording it when the row has none. Another calendar or
-    /// digit count reads the row's positions as other IDs, some of them IDs already served,
-    /// so a node with another rule hands out nothing (its allocation is skipped).
-    async fn period_check(
+    /// Whether this node's rule for a strict or period tag (`marker`: `order:strict`, or the
+    /// period's calendar and digits) is the one the tag's row records (read in the
+    /// allocation's transaction), recording it when the row has none. Under another calendar
+    /// or digit count the row's positions are other IDs, some already served; a trend node
+    /// would serve buffered IDs out of order: so a node with another rule hands out nothing
+    /// (its allocation is skipped).
+    async fn rule_check(
         &self,
         tag: &str,
-        rule: &super::PeriodRule,
+        marker: &str,
         alloc: &LeafAlloc,
     ) -> Result<Result<(), LoadFailure>, StoreError> {
-        let marker = rule.marker();
         let recorded = match alloc.split.as_deref() {
             Some(recorded) if recorded == marker => return Ok(Ok(())),
             Some(recorded) => Some(recorded.to_string()),
             None => {
-                super::tags::retry_conflicts(|| self.store.claim_split(tag, None, Some(&marker)))
+                super::tags::retry_conflicts(|| self.store.claim_split(tag, None, Some(marker)))
                     .await?
             }
         };
-        if recorded.as_deref() == Some(marker.as_str()) {
+        if recorded.as_deref() == Some(marker) {
             return Ok(Ok(()));
         }
         let recorded = recorded.unwrap_or_else(|| "none".into());
+        let kind = if recorded.starts_with(super::period::PERIOD_MARKER) {
+            "the period rule"
+        } else if recorded.starts_with("order:") {
+            "the order rule"
+        } else {
+            "the split"
+        };
         Ok(Err(LoadFailure::Unavailable(
             format!(
-                "IDs refused: tag '{tag}' records the period rule {recorded} and this node's is {marker}; under another calendar or digit count the row's positions are other IDs, some already served; keep the rule, or use a new tag"
+                "IDs refused: tag '{tag}' records {kind} {recorded} and this node's is {marker}; a node with another rule would repeat or misorder IDs; configure the tag as its row records it, or use a new tag"
             )
             .into(),
         )))

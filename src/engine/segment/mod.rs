@@ -45,6 +45,14 @@ pub enum SegmentError {
     /// A period tag's sequence numbers of this period are all handed out.
     #[error("tag '{tag}': period {period} has used all its {last} sequence numbers; the next period starts again at 1")]
     PeriodExhausted { tag: String, period: i64, last: i64 },
+    /// A block larger than what is left of the period: refused whole, nothing taken.
+    #[error("tag '{tag}': period {period} has {left} sequence numbers left, fewer than the {asked} asked; nothing was taken")]
+    PeriodShort {
+        tag: String,
+        period: i64,
+        left: i64,
+        asked: i64,
+    },
     #[error("tag '{0}' already exists")]
     TagExists(String),
     #[error("{0}")]

@@ -14,6 +14,18 @@ use jiff::Timestamp;
 /// How a period rule's record in the row begins (see [`PeriodRule::marker`]).
 pub const PERIOD_MARKER: &str = "period:";
 
+/// The allocation window of the period rule a row records (`period:daily:4`), whatever this
+/// node's configuration says; `None` for a row that records no period.
+pub fn window_of_marker(recorded: Option<&str>) -> Option<crate::storage::Window> {
+    let rule = recorded?.strip_prefix(PERIOD_MARKER)?;
+    let digits: u32 = rule.rsplit(':').next()?.parse().ok()?;
+    let scale = 10i64.checked_pow(digits)?;
+    Some(crate::storage::Window {
+        span: scale.checked_mul(10)?,
+        usable: scale,
+    })
+}
+
 /// The calendar unit a period tag's sequence restarts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Calendar {
@@ -114,6 +126,15 @@ impl PeriodRule {
         (1..self.scale())
             .contains(&sequence)
             .then(|| self.period_of(position) * self.scale() + sequence)
+    }
+
+    /// The positions an allocation may take: those of one period's sequence numbers, never
+    /// its gap nor the next period's.
+    pub fn window(&self) -> crate::storage::Window {
+        crate::storage::Window {
+            span: self.span(),
+            usable: self.scale(),
+        }
     }
 
     /// The most sequence numbers one period has.

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use tokio::sync::oneshot;
 
 use super::{LoadFailure, PeriodRule, SegmentEngine, SegmentError, TagBuffer};
+use crate::storage::StoreError;
 
 /// A request waiting for the next allocation: how many IDs, and where its last one goes.
 pub(super) struct Waiting {
@@ -79,17 +80,12 @@ impl SegmentEngine {
         }
     }
 
-    /// One allocation of exactly what `batch` asks for, handed out in its order.
-    async fn serve_batch(&self, buffer: &TagBuffer, batch: Vec<Waiting>) {
-        let total = batch.iter().try_fold(0i64, |sum, w| sum.checked_add(w.n));
-        let Some(total) = total else {
-            for waiting in batch {
-                let _ = waiting
-                    .reply
-                    .send(Err(SegmentError::Exhausted(buffer.name.to_string())));
-            }
-            return;
-        };
+    /// One allocation of exactly what `batch` asks for, handed out in its order. A period
+    /// tag's allocation never crosses the end of its period: when the batch does not fit what
+    /// the period has left, the requests that fit (in order) are served from an allocation of
+    /// exactly their size and the others refused whole, so no number is lost or repeated and
+    /// none is dated in a later period.
+    async fn serve_batch(&self, buffer: &TagBuffer, mut batch: Vec<Waiting>) {
         self.stats
             .request_waits
             .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -101,26 +97,51 @@ impl SegmentEngine {
                 return;
             }
         }
-        let started = std::time::Instant::now();
-        let outcome = match self.allocate_guarded_locked(buffer, Some(total)).await {
-            Ok(guarded) => guarded,
-            Err(e) => Err(LoadFailure::from_store(&e)),
-        };
-        {
+        // Each retry follows a refusal that served nobody yet; another node taking numbers
+        // meanwhile can shrink what is left again, so the retries are bounded.
+        let mut tries = 0;
+        let outcome = loop {
+            let total = batch.iter().try_fold(0i64, |sum, w| sum.checked_add(w.n));
+            let Some(total) = total else {
+                for waiting in batch {
+                    let _ = waiting
+                        .reply
+                        .send(Err(SegmentError::Exhausted(buffer.name.to_string())));
+                }
+                return;
+            };
+            let started = std::time::Instant::now();
+            let outcome = match self.allocate_guarded_locked(buffer, Some(total)).await {
+                Ok(guarded) => guarded,
+                Err(StoreError::PastEnd { max_id, left, .. }) if tries < 4 => {
+                    tries += 1;
+                    batch = self.refuse_past_end(buffer, batch, max_id, left);
+                    if batch.is_empty() {
+                        return;
+                    }
+                    continue;
+                }
+                Err(e) => Err(LoadFailure::from_store(&e)),
+            };
             let mut st = buffer.lock();
             self.book_allocation(buffer, &mut st, started, outcome.as_ref());
             if outcome.is_ok() {
                 st.served += total as u64;
             }
-        }
+            break outcome;
+        };
         match outcome {
             Ok(alloc) => {
                 let mut next = alloc.first;
                 for waiting in batch {
                     next += waiting.n;
-                    let _ = waiting
-                        .reply
-                        .send(self.strict_id(buffer, next - waiting.n, next - 1));
+                    let result = if next > alloc.max_id {
+                        // The failover margin used the period up (an empty grant).
+                        Err(self.period_used_up(buffer, alloc.max_id))
+                    } else {
+                        self.strict_id(buffer, next - waiting.n, next - 1)
+                    };
+                    let _ = waiting.reply.send(result);
                 }
             }
             Err(failure) => {
@@ -132,23 +153,68 @@ impl SegmentEngine {
         }
     }
 
+    /// A period's allocation was refused because `batch` does not fit the `left` numbers the
+    /// row's period (at `max_id`) has: the requests that fit, in order, are returned to be
+    /// served; the others are told how many numbers are left, or that none are.
+    fn refuse_past_end(
+        &self,
+        buffer: &TagBuffer,
+        batch: Vec<Waiting>,
+        max_id: i64,
+        left: i64,
+    ) -> Vec<Waiting> {
+        let Some(rule) = &buffer.period else {
+            return batch;
+        };
+        {
+            let mut st = buffer.lock();
+            st.max_id = st.max_id.max(max_id);
+        }
+        let period = rule.period_of(max_id);
+        let mut room = left;
+        let mut fit = Vec::with_capacity(batch.len());
+        for waiting in batch {
+            if waiting.n <= room {
+                room -= waiting.n;
+                fit.push(waiting);
+            } else if left == 0 {
+                let _ = waiting.reply.send(Err(self.period_used_up(buffer, max_id)));
+            } else {
+                let _ = waiting.reply.send(Err(SegmentError::PeriodShort {
+                    tag: buffer.name.to_string(),
+                    period,
+                    left,
+                    asked: waiting.n,
+                }));
+            }
+        }
+        fit
+    }
+
+    /// The row's period (at `position`) has no number left: refused until the next period.
+    fn period_used_up(&self, buffer: &TagBuffer, position: i64) -> SegmentError {
+        let Some(rule) = &buffer.period else {
+            return SegmentError::Exhausted(buffer.name.to_string());
+        };
+        let period = rule.period_of(position);
+        buffer.period_exhausted.fetch_max(period, Ordering::Relaxed);
+        SegmentError::PeriodExhausted {
+            tag: buffer.name.to_string(),
+            period,
+            last: rule.last_sequence(),
+        }
+    }
+
     /// The last ID of a request granted the positions `first..=last`: the position itself, or a
-    /// period tag's date and sequence when the whole block lies within the period's numbers.
+    /// period tag's date and sequence when the whole block lies within one period's numbers
+    /// (the allocation's window makes sure of it; checked again here).
     fn strict_id(&self, buffer: &TagBuffer, first: i64, last: i64) -> Result<i64, SegmentError> {
         let Some(rule) = &buffer.period else {
             return Ok(last);
         };
         match (rule.id_at(first), rule.id_at(last)) {
-            (Some(_), Some(id)) => Ok(id),
-            _ => {
-                let period = rule.period_of(last);
-                buffer.period_exhausted.fetch_max(period, Ordering::Relaxed);
-                Err(SegmentError::PeriodExhausted {
-                    tag: buffer.name.to_string(),
-                    period,
-                    last: rule.last_sequence(),
-                })
-            }
+            (Some(_), Some(id)) if rule.period_of(first) == rule.period_of(last) => Ok(id),
+            _ => Err(self.period_used_up(buffer, last)),
         }
     }
 

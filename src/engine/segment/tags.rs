@@ -30,7 +30,7 @@ pub fn validate_tag_name(tag: &str) -> Result<(), String> {
 }
 
 impl SegmentEngine {
-    /// On a miss, re-reads the tag list (at most once a second) so a tag created on another
+    /// On a miss, re-reads the tag list (at most every 200 ms) so a tag created on another
     /// node is usable here before the periodic refresh.
     pub(super) async fn lookup_after_refresh(
         &self,
@@ -128,6 +128,19 @@ impl SegmentEngine {
         });
     }
 
+    /// What a tag's row records of this node's rule for it, from its creation on: a period's
+    /// calendar and digits, strict order, or the data-centre split (`None`: trend order over
+    /// the whole ID space). A node configured otherwise is refused by every allocation.
+    fn rule_marker_of(&self, tag: &str) -> Option<String> {
+        if let Some(rule) = self.settings.period.get(tag) {
+            Some(rule.marker())
+        } else if self.settings.strict.contains(tag) {
+            Some(super::load::STRICT_MARKER.to_string())
+        } else {
+            self.settings.interleave_of(tag).marker()
+        }
+    }
+
     /// Creates a tag whose first ID is `start`.
     pub async fn create_tag(
         &self,
@@ -151,7 +164,7 @@ impl SegmentEngine {
             step,
             start,
             description: description.map(str::to_string),
-            split: self.settings.interleave_of(tag).marker(),
+            split: self.rule_marker_of(tag),
             max_tags: self.settings.max_tags,
         };
         // Two members of a multi-primary cluster may update the guard at once.
@@ -181,23 +194,89 @@ impl SegmentEngine {
     }
 
     /// Moves a tag's `max_id` forward by `n` without handing out the skipped IDs (the runbook
-    /// after a database restore or a lossy failover); returns the new `max_id`.
+    /// after a database restore or a lossy failover); returns the new `max_id`. A period tag
+    /// (as its row records it) skips `n` numbers of its current period, at most the rest of
+    /// it: never into a later period, whose numbers start at 1 as always.
     pub async fn skip(&self, tag: &str, n: i64) -> Result<i64, SegmentError> {
+        let row = self.store.list().await?.into_iter().find(|r| r.tag == tag);
+        let Some(row) = row else {
+            return Err(SegmentError::UnknownTag(tag.to_string()));
+        };
+        self.skip_row(tag, row.split.as_deref(), n).await
+    }
+
+    /// [`SegmentEngine::skip`] of a tag whose row records `recorded` (its split column).
+    async fn skip_row(
+        &self,
+        tag: &str,
+        recorded: Option<&str>,
+        n: i64,
+    ) -> Result<i64, SegmentError> {
         if n < 1 {
             return Err(SegmentError::Invalid(
                 "skip must be a positive number of IDs".into(),
             ));
         }
         let margin = self.settings.failover_margin;
-        let alloc = retry_conflicts(|| self.store.allocate(tag, Some(n), margin)).await?;
+        let configured = self.settings.period.get(tag).map(|rule| rule.window());
+        let Some(window) = super::period::window_of_marker(recorded).or(configured) else {
+            let grant = crate::storage::Grant::step(Some(n), margin);
+            let alloc = retry_conflicts(|| self.store.allocate(tag, grant)).await?;
+            return Ok(self.skipped(tag, n, alloc));
+        };
+        // This node's period first, when it serves the tag with a period: the numbers a
+        // restore lost are of the period the cluster is in, not of the row's older one.
+        let known = self.tags.load().get(tag.as_bytes()).cloned();
+        if let Some(rule) = known.as_ref().and_then(|b| b.period.clone()) {
+            let floor = rule.first_position(rule.period_at(self.clock.now_millis()));
+            retry_conflicts(|| self.store.raise(tag, floor)).await?;
+        }
+        let mut wanted = n;
+        for _ in 0..4 {
+            let grant = crate::storage::Grant {
+                step: Some(wanted),
+                failover_margin: margin,
+                window: Some(window),
+            };
+            match retry_conflicts(|| self.store.allocate(tag, grant)).await {
+                Ok(alloc) => return Ok(self.skipped(tag, wanted, alloc)),
+                // The period has fewer numbers left: all of them are skipped.
+                Err(StoreError::PastEnd { left, max_id, .. }) => {
+                    if left == 0 {
+                        tracing::warn!(tag, max_id, "skip: the tag's period has no number left");
+                        return Ok(max_id);
+                    }
+                    wanted = left;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(SegmentError::Unavailable {
+            tag: tag.to_string(),
+            reason: "the period's numbers kept changing under the skip; try again".into(),
+        })
+    }
+
+    /// After an operator's change of the row: this node's next request asks the database.
+    fn forget_failure(&self, tag: &str) {
+        if let Some(buffer) = self.tags.load().get(tag.as_bytes()) {
+            buffer.lock().forget_failure();
+            buffer
+                .period_exhausted
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn skipped(&self, tag: &str, n: i64, alloc: crate::storage::LeafAlloc) -> i64 {
         self.note_failover(tag, &alloc);
+        self.forget_failure(tag);
         tracing::warn!(
             tag,
             skipped = n,
             max_id = alloc.max_id,
             "tag moved forward by an operator"
         );
-        Ok(alloc.max_id)
+        alloc.max_id
     }
 
     /// The operator's re-split of a tag (`LEAF.TAG SPLIT`): records `split` as the tag's class
@@ -219,8 +298,20 @@ impl SegmentEngine {
                 "start must be between 1 and {MAX_TAG_START}"
             )));
         }
+        let row = self.store.list().await?.into_iter().find(|r| r.tag == tag);
+        let Some(row) = row else {
+            return Err(SegmentError::UnknownTag(tag.to_string()));
+        };
+        if let Some(rule) = row.split.as_deref().filter(|r| {
+            r.starts_with(super::period::PERIOD_MARKER) || *r == super::load::STRICT_MARKER
+        }) {
+            return Err(SegmentError::Invalid(format!(
+                "tag '{tag}' records {rule}: a strict or period tag has one order across the cluster and cannot be split between clusters; give each data centre its own tag"
+            )));
+        }
         let marker = split.marker();
         let max_id = retry_conflicts(|| self.store.resplit(tag, marker.as_deref(), start)).await?;
+        self.forget_failure(tag);
         tracing::warn!(
             tag,
             split = split.marker().as_deref().unwrap_or("none"),
@@ -235,7 +326,8 @@ impl SegmentEngine {
     pub async fn skip_all(&self, n: i64) -> Result<Vec<(String, i64)>, SegmentError> {
         let mut moved = Vec::new();
         for row in self.store.list().await? {
-            moved.push((row.tag.clone(), self.skip(&row.tag, n).await?));
+            let max_id = self.skip_row(&row.tag, row.split.as_deref(), n).await?;
+            moved.push((row.tag.clone(), max_id));
         }
         Ok(moved)
     }

@@ -108,13 +108,12 @@ impl SegmentStore for SlowStore {
     async fn allocate(
         &self,
         tag: &str,
-        step: Option<i64>,
-        failover_margin: i64,
+        grant: crate::storage::Grant,
     ) -> Result<LeafAlloc, StoreError> {
         let mut gate = self.gate.clone();
         let _ = gate.wait_for(|open| *open).await;
-        let alloc = self.inner.allocate(tag, step, failover_margin).await;
-        if self.late_table_steps && step.is_none() {
+        let alloc = self.inner.allocate(tag, grant).await;
+        if self.late_table_steps && grant.step.is_none() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         alloc
