@@ -370,7 +370,7 @@ async fn renew(
                 return;
             }
             Err(e) => {
-                limit.lease_failed();
+                limit.lease_error(e.to_string());
                 if !failing {
                     tracing::warn!(error = %e, worker_id, "worker-id lease renewal failed; SNOWFLAKE continues until half the lease has passed");
                 }

@@ -223,12 +223,12 @@ impl EtcdLeases {
             let answer = async {
                 let token = self.token(&self.endpoints[i], false).await?;
                 let sent = self.send(&url, &body, token.as_deref()).await;
-                // 401: the token expired or was revoked (auth turned off and on); a call
+                // The token was refused: it expired or was revoked (401: auth turned off and
+                // on), or etcd's auth store changed since it was issued (a JWT or simple token
+                // after any user or role change: 400 "revision of auth store is old"). A call
                 // refused for it did nothing, so it is made again once with a new token.
                 let sent = match sent {
-                    Ok((status, _))
-                        if status == reqwest::StatusCode::UNAUTHORIZED && token.is_some() =>
-                    {
+                    Ok((status, reply)) if token.is_some() && token_refused(status, &reply) => {
                         let token = self.token(&self.endpoints[i], true).await?;
                         self.send(&url, &body, token.as_deref()).await
                     }
@@ -538,6 +538,19 @@ impl WorkerLeaseStore for EtcdLeases {
     }
 }
 
+/// Whether a member refused a call for its token (not for what it asked): a 401, or an error
+/// naming the auth store's revision or the token (etcd answers these with 400 or 500).
+fn token_refused(status: reqwest::StatusCode, body: &[u8]) -> bool {
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        return true;
+    }
+    let text = String::from_utf8_lossy(body);
+    !status.is_success()
+        && (text.contains("revision of auth store is old")
+            || text.contains("invalid auth token")
+            || text.contains("auth token"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -551,5 +564,24 @@ mod tests {
         );
         assert_eq!(int_field(&json!({"TTL": 10}), "TTL"), Some(10));
         assert_eq!(int_field(&json!({}), "TTL"), None);
+    }
+
+    #[test]
+    fn a_token_refused_for_the_auth_store_is_replaced() {
+        use reqwest::StatusCode;
+        assert!(token_refused(StatusCode::UNAUTHORIZED, b""));
+        assert!(token_refused(
+            StatusCode::BAD_REQUEST,
+            br#"{"error":"etcdserver: revision of auth store is old","code":3}"#
+        ));
+        assert!(token_refused(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            br#"{"error":"etcdserver: invalid auth token"}"#
+        ));
+        assert!(!token_refused(
+            StatusCode::FORBIDDEN,
+            br#"{"error":"etcdserver: permission denied"}"#
+        ));
+        assert!(!token_refused(StatusCode::OK, b"{}"));
     }
 }

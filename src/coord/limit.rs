@@ -19,6 +19,9 @@ pub struct IssueLimit {
     lease_problem: Mutex<Option<String>>,
     /// Failed attempts to extend the lease (coordinator reports or renewals).
     lease_failures: AtomicU64,
+    /// The last renewal's error since the last success: the reply names the cause, not only
+    /// that the lease ran out (an etcd that refuses the token is not "unreachable").
+    last_lease_error: Mutex<Option<String>>,
 }
 
 impl Default for IssueLimit {
@@ -37,6 +40,7 @@ impl IssueLimit {
             fence_problem: Mutex::new(None),
             lease_problem: Mutex::new(None),
             lease_failures: AtomicU64::new(0),
+            last_lease_error: Mutex::new(None),
         }
     }
 
@@ -82,7 +86,15 @@ impl IssueLimit {
             return;
         }
         *current = problem;
+        *lock(&self.last_lease_error) = None;
         self.lease_ms.store(until_ms, Ordering::Release);
+    }
+
+    /// A renewal failed with `error`: named in the reply if the lease runs out before the
+    /// next success.
+    pub fn lease_error(&self, error: String) {
+        self.lease_failed();
+        *lock(&self.last_lease_error) = Some(error);
     }
 
     /// Ends the lease for good: the worker id belongs to another node now.
@@ -117,9 +129,15 @@ impl IssueLimit {
     /// Why `now_ms` is beyond the limit, for the `UNAVAILABLE` reply.
     pub fn reason(&self, now_ms: u64) -> String {
         if now_ms > self.lease_ms() || self.is_revoked() {
-            return lock(&self.lease_problem)
+            let problem = lock(&self.lease_problem)
                 .clone()
                 .unwrap_or_else(|| "the coordinator's lease on the worker id has ended".into());
+            return match lock(&self.last_lease_error).as_ref() {
+                Some(error) if !self.is_revoked() => {
+                    format!("{problem} (last renewal error: {error})")
+                }
+                _ => problem,
+            };
         }
         match lock(&self.fence_problem).as_ref() {
             Some(problem) => format!("time fence not extended: {problem}"),
