@@ -658,3 +658,70 @@ async fn a_layout_that_has_already_ended_is_refused_at_start() {
         "{err}"
     );
 }
+
+/// A node started while its database is down (a deferred store) leases its worker id once the
+/// database answers, and LEAF.WORKERS shows the lease table from then on: the deferred store
+/// once dropped the table (a defaulted trait method it did not forward) for the life of the
+/// process.
+async fn leaf_workers_after_a_deferred_start(url: &str) {
+    let (prefix, target) = common::proxy::split_server_url(url);
+    let proxy = common::proxy::TcpProxy::start(target.clone(), false).await;
+    let routed = url.replacen(
+        &format!("{prefix}{target}"),
+        &format!("{prefix}{}", proxy.addr),
+        1,
+    );
+    let state = tempfile::tempdir().unwrap();
+    let mut config = node_config(&routed, &state, 2000);
+    config.storage.acquire_timeout_ms = 300;
+    let app = App::open(config)
+        .await
+        .expect("starts without its database");
+    let server = common::TestServer::serve_app(app).await;
+    let mut con = server.client().await;
+    let before: redis::RedisResult<redis::Value> =
+        redis::cmd("LEAF.WORKERS").query_async(&mut con).await;
+    assert!(before.is_err(), "{before:?}");
+    proxy.restore();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let id: i64 = loop {
+        match redis::cmd("SNOWFLAKE").query_async(&mut con).await {
+            Ok(id) => break id,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no snowflake ID after the database came up: {e}"),
+        }
+    };
+    let workers: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("LEAF.WORKERS")
+        .query_async(&mut con)
+        .await
+        .expect("LEAF.WORKERS answers once the database is connected");
+    let worker = Layout::default().decode(id).unwrap().worker_id as i64;
+    assert!(
+        workers
+            .iter()
+            .any(|w| w.get("worker_id") == Some(&redis::Value::Int(worker))),
+        "worker id {worker} not in {workers:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_leaf_workers_after_a_deferred_start() {
+    let test = "mysql_leaf_workers_after_a_deferred_start";
+    let Some(url) = Backend::MySql.fresh_database(test).await else {
+        return;
+    };
+    leaf_workers_after_a_deferred_start(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_leaf_workers_after_a_deferred_start() {
+    let test = "postgres_leaf_workers_after_a_deferred_start";
+    let Some(url) = Backend::Postgres.fresh_database(test).await else {
+        return;
+    };
+    leaf_workers_after_a_deferred_start(&url).await;
+}

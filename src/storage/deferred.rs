@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 
-use super::{Grant, LeafAlloc, NewTag, SegmentStore, StoreError};
+use super::{Grant, LeafAlloc, NewTag, SegmentStore, StoreError, WorkerLeaseStore};
 
 pub struct DeferredStore {
     backend: &'static str,
@@ -95,5 +95,15 @@ impl SegmentStore for DeferredStore {
         if let Some(store) = self.connected.get() {
             store.close().await;
         }
+    }
+
+    async fn schema_version(&self) -> Option<i64> {
+        self.store().ok()?.schema_version().await
+    }
+
+    /// The connected store's lease table (none before the database answered: the snowflake
+    /// coordinator is started with it once connected, and LEAF.WORKERS asks each time).
+    fn worker_leases(self: Arc<Self>) -> Option<Arc<dyn WorkerLeaseStore>> {
+        self.connected.get().cloned()?.worker_leases()
     }
 }

@@ -157,6 +157,10 @@ impl SegmentStore for MemoryStore {
         Some(self)
     }
 
+    async fn schema_version(&self) -> Option<i64> {
+        None
+    }
+
     fn backend(&self) -> &'static str {
         "memory"
     }

@@ -109,6 +109,13 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
         self.inner.backend()
     }
 
+    async fn schema_version(&self) -> Option<i64> {
+        self.run(|s| async move { Ok(s.schema_version().await) })
+            .await
+            .ok()
+            .flatten()
+    }
+
     async fn close(&self) {
         let _ = self
             .run(|s| async move {

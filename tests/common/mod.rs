@@ -373,6 +373,9 @@ impl SegmentStore for FlakyStore {
     fn worker_leases(self: Arc<Self>) -> Option<Arc<dyn leafd::storage::WorkerLeaseStore>> {
         self.inner.clone().worker_leases()
     }
+    async fn schema_version(&self) -> Option<i64> {
+        self.inner.schema_version().await
+    }
 
     fn backend(&self) -> &'static str {
         self.inner.backend()

@@ -153,6 +153,14 @@ impl SegmentStore for SlowStore {
         "slow"
     }
     async fn close(&self) {}
+    async fn schema_version(&self) -> Option<i64> {
+        None
+    }
+    fn worker_leases(
+        self: std::sync::Arc<Self>,
+    ) -> Option<std::sync::Arc<dyn crate::storage::WorkerLeaseStore>> {
+        None
+    }
 }
 
 /// Out-of-order answers of one node's own allocations are not a rollback: allocations of
