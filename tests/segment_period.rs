@@ -197,15 +197,15 @@ async fn a_changed_rule_hands_out_nothing(url: &str) {
     for (node, refusal) in [
         (
             &other_digits,
-            "records the period rule period:daily:4 and this node's is period:daily:3",
+            "records the period rule period:daily:4:Asia/Shanghai:ORD and this node's is period:daily:3",
         ),
         (
             &monthly,
-            "records the period rule period:daily:4 and this node's is period:monthly:4",
+            "records the period rule period:daily:4:Asia/Shanghai:ORD and this node's is period:monthly:4",
         ),
         (
             &plain,
-            "hands out period IDs (period:daily:4) and this node has no period configured",
+            "hands out period IDs (period:daily:4:Asia/Shanghai:ORD) and this node has no period configured",
         ),
     ] {
         let error = incrby(&mut node.client().await, 1)

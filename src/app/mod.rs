@@ -145,6 +145,12 @@ fn segment_settings(c: &SegmentConfig) -> SegmentSettings {
             .iter()
             .filter_map(|seed| Some((seed.tag.clone(), Arc::new(period_rule(seed)?))))
             .collect(),
+        configured: c
+            .tags
+            .iter()
+            .map(|seed| seed.tag.clone())
+            .chain(c.opaque.iter().map(|entry| entry.tag.clone()))
+            .collect(),
         auto_create: c.auto_create.then(|| {
             let pattern = crate::cmd::glob::Glob::case_sensitive(c.auto_create_pattern.as_bytes());
             AutoCreate {

@@ -64,7 +64,8 @@ pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     // Arguments after the subcommand: how many it takes.
     let (name, counts) = match sub.as_slice() {
         b"skipall" => ("leaf.tag|skipall", 1..=1),
-        b"create" => ("leaf.tag|create", 2..=3),
+        // <tag> <step> [<start>] and up to five keyword-value pairs.
+        b"create" => ("leaf.tag|create", 2..=13),
         b"step" => ("leaf.tag|step", 2..=2),
         b"skip" => ("leaf.tag|skip", 2..=2),
         b"reveal" => ("leaf.tag|reveal", 2..=2),
@@ -98,6 +99,9 @@ pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
     let Ok(tag) = std::str::from_utf8(cursor.optional().unwrap_or_default()) else {
         return Reply::error("ERR tag may only contain printable ASCII characters without spaces");
     };
+    if sub == b"create" {
+        return create(tag, cursor, ctx).await;
+    }
     if sub == b"split" {
         // LEAF.TAG SPLIT <tag> <delta> <remainder> <start>
         let numbers = (|| Ok((cursor.next_i64()?, cursor.next_i64()?, cursor.next_i64()?)))();
@@ -111,20 +115,11 @@ pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
             Err(e) => segment_error(&e),
         };
     }
-    let numbers = cursor.next_i64().and_then(|number| {
-        let start = cursor.optional().map(crate::protocol::parse_i64);
-        Ok((number, start.transpose()?))
-    });
-    let (number, start) = match numbers {
-        Ok(numbers) => numbers,
+    let number = match cursor.next_i64() {
+        Ok(number) => number,
         Err(e) => return arg_error(name, e),
     };
     let result = match sub.as_slice() {
-        b"create" => {
-            ctx.segments
-                .create_tag(tag, number, start.unwrap_or(1), None)
-                .await
-        }
         b"step" => ctx.segments.set_step(tag, number).await,
         b"reveal" => {
             return match ctx.segments.reveal(tag, number) {
@@ -140,6 +135,71 @@ pub async fn tag(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
         }
     };
     match result {
+        Ok(()) => Reply::ok(),
+        Err(e) => segment_error(&e),
+    }
+}
+
+/// `LEAF.TAG CREATE <tag> <step> [<start>] [ORDER strict|trend] [PERIOD daily|monthly|yearly]
+/// [ZONE <iana>] [DIGITS <n>] [PREFIX <p>]`: the rule is recorded in the tag's row, and every
+/// node that does not configure the tag serves it by that record.
+async fn create(tag: &str, mut cursor: ArgCursor<'_>, ctx: &Arc<Context>) -> Reply {
+    const NAME: &str = "leaf.tag|create";
+    let step = match cursor.next_i64() {
+        Ok(step) => step,
+        Err(e) => return arg_error(NAME, e),
+    };
+    let mut rest = cursor.rest();
+    let mut start = 1;
+    if let Some(first) = rest.first() {
+        if let Ok(given) = crate::protocol::parse_i64(first) {
+            start = given;
+            rest = &rest[1..];
+        }
+    }
+    let mut fields: [Option<String>; 5] = Default::default();
+    for pair in rest.chunks(2) {
+        let keyword = pair[0].to_ascii_uppercase();
+        let slot = match keyword.as_slice() {
+            b"ORDER" => 0,
+            b"PERIOD" => 1,
+            b"ZONE" => 2,
+            b"DIGITS" => 3,
+            b"PREFIX" => 4,
+            _ => {
+                return Reply::error(format!(
+                    "ERR unknown option '{}' of LEAF.TAG CREATE: expected ORDER, PERIOD, ZONE, DIGITS or PREFIX",
+                    lossy(pair[0])
+                ))
+            }
+        };
+        let Some(value) = pair.get(1) else {
+            return Reply::error(format!("ERR {} needs a value", lossy(pair[0])));
+        };
+        if fields[slot].replace(lossy(value).to_string()).is_some() {
+            return Reply::error(format!("ERR {} is given twice", lossy(pair[0])));
+        }
+    }
+    let [order, period, zone, digits, prefix] = fields;
+    let digits = match digits.map(|d| d.parse::<u32>()).transpose() {
+        Ok(digits) => digits,
+        Err(_) => return Reply::error("ERR DIGITS must be a number of sequence digits"),
+    };
+    let rule = match crate::engine::segment::TagRule::named(
+        order.as_deref(),
+        period.as_deref(),
+        zone.as_deref(),
+        digits,
+        prefix.as_deref(),
+    ) {
+        Ok(rule) => rule,
+        Err(e) => return Reply::error(format!("ERR {e}")),
+    };
+    match ctx
+        .segments
+        .create_ruled_tag(tag, step, start, None, Some(rule))
+        .await
+    {
         Ok(()) => Reply::ok(),
         Err(e) => segment_error(&e),
     }

@@ -26,6 +26,19 @@ pub(super) struct NewTag {
     start: i64,
     #[serde(default)]
     description: Option<String>,
+    /// `strict` or `trend` (LEAF.TAG CREATE's ORDER), recorded in the row.
+    #[serde(default)]
+    order: Option<String>,
+    /// `daily`, `monthly` or `yearly` (PERIOD), with `time_zone`, `sequence_digits` and
+    /// `prefix` as the `[[segment.tags]]` keys of that name.
+    #[serde(default)]
+    period: Option<String>,
+    #[serde(default)]
+    time_zone: Option<String>,
+    #[serde(default)]
+    sequence_digits: Option<u32>,
+    #[serde(default)]
+    prefix: Option<String>,
 }
 
 fn first_id() -> i64 {
@@ -50,9 +63,26 @@ pub(super) async fn create_tag(
     State(ctx): State<Arc<Context>>,
     Json(new): Json<NewTag>,
 ) -> Response {
+    let rule = crate::engine::segment::TagRule::named(
+        new.order.as_deref(),
+        new.period.as_deref(),
+        new.time_zone.as_deref(),
+        new.sequence_digits,
+        new.prefix.as_deref(),
+    );
+    let rule = match rule {
+        Ok(rule) => rule,
+        Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+    };
     match ctx
         .segments
-        .create_tag(&new.tag, new.step, new.start, new.description.as_deref())
+        .create_ruled_tag(
+            &new.tag,
+            new.step,
+            new.start,
+            new.description.as_deref(),
+            Some(rule),
+        )
         .await
     {
         Ok(()) => (

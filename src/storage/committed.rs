@@ -69,13 +69,10 @@ where
 /// timeout and then says only "pool timed out": one direct attempt then names the cause
 /// (connection refused, unknown host, a TLS or password failure).
 pub(crate) async fn connect_pool<DB: Database>(
-    config: &StorageConfig,
+    pool: PoolOptions<DB>,
     options: <DB::Connection as sqlx::Connection>::Options,
 ) -> Result<sqlx::Pool<DB>, sqlx::Error> {
-    match pool_options::<DB>(config)
-        .connect_with(options.clone())
-        .await
-    {
+    match pool.connect_with(options.clone()).await {
         Err(sqlx::Error::PoolTimedOut) => match sqlx::ConnectOptions::connect(&options).await {
             Err(cause) => Err(cause),
             Ok(_) => Err(sqlx::Error::PoolTimedOut),

@@ -8,6 +8,16 @@ use sqlx::{MySqlPool, SqlitePool};
 
 use super::StoreError;
 
+/// The compatibility rule between releases: every migration is additive (a column added or
+/// widened, a table added; never a column dropped, renamed or given another meaning), so a
+/// release runs on the schema of the release after it, and an upgrade can be rolled back. A
+/// node therefore accepts a database whose applied migrations include versions it does not
+/// know (sqlx's `ignore_missing`), and applies the ones it knows that are missing.
+pub(super) fn compatible(mut migrator: Migrator) -> Migrator {
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
 /// How long a starting node waits for another node's migration before giving up.
 const LOCK_WAIT_SECS: i64 = 60;
 
@@ -36,7 +46,7 @@ pub(super) async fn mysql(pool: &MySqlPool, migrator: Migrator) -> Result<(), St
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut migrator = migrator;
+    let mut migrator = compatible(migrator);
     migrator.set_locking(false);
     // On Galera the lock is held only on the member that granted it: a node on another member
     // migrates at the same time. Its losses are a duplicate version row, a deadlock or
@@ -63,6 +73,7 @@ pub(super) async fn mysql(pool: &MySqlPool, migrator: Migrator) -> Result<(), St
 /// race to another process on the same file has its transaction rolled back (a unique clash
 /// on the version, a busy snapshot) and, run again, finds the migration applied.
 pub(super) async fn sqlite(pool: &SqlitePool, migrator: Migrator) -> Result<(), StoreError> {
+    let migrator = compatible(migrator);
     let mut attempts = 0;
     loop {
         match migrator.run(pool).await {

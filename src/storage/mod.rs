@@ -14,6 +14,7 @@ mod on_runtime;
 mod pg_hosts;
 mod postgres;
 mod returning;
+pub mod session;
 mod sqlite;
 mod workers;
 
@@ -214,7 +215,8 @@ impl StoreError {
 /// True for the errors a database gives while it starts, stops or fails over, and for the
 /// conflicts a retry resolves: SQLSTATE 08 (connection exception), 57 (operator intervention:
 /// starting up, shutting down), 25006 (read-only transaction: a standby or a demoted primary),
-/// 55000 (PostgreSQL's "recovery is in progress"), 40001 and 40P01 (serialization failure,
+/// 55000 (PostgreSQL's "recovery is in progress"), 55P03 (lock_timeout: a paused node holds the
+/// row lock until the database aborts its idle transaction; see `session`), 40001 and 40P01 (serialization failure,
 /// deadlock; Galera's certification failure); MySQL/MariaDB's 1205 (lock wait timeout), 1290
 /// (`--read-only`), 1047 (WSREP has not yet prepared the node), 1180 (Galera: a streaming
 /// replication fragment could not be appended, seen during a state transfer) and 1792
@@ -232,7 +234,10 @@ fn taking_over(db: &dyn sqlx::error::DatabaseError) -> bool {
     db.code().is_some_and(|code| {
         code.starts_with("08")
             || code.starts_with("57")
-            || matches!(code.as_ref(), "25006" | "55000" | "40001" | "40P01")
+            || matches!(
+                code.as_ref(),
+                "25006" | "55000" | "55P03" | "40001" | "40P01"
+            )
     })
 }
 
@@ -307,10 +312,9 @@ pub trait SegmentStore: Send + Sync + 'static {
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError>;
 
     /// The newest schema migration applied to the database (`None`: none, or no migration
-    /// table), so `leafd migrate` can say what it did.
-    async fn schema_version(&self) -> Option<i64> {
-        None
-    }
+    /// table), so `leafd migrate` can say what it did. (No default, as no method here has one:
+    /// a wrapper that forgot to forward a defaulted method broke LEAF.WORKERS once.)
+    async fn schema_version(&self) -> Option<i64>;
 
     /// A short name of the backend for logs and INFO (`sqlite`, `mysql`, `postgres`, `memory`).
     fn backend(&self) -> &'static str;
@@ -319,9 +323,7 @@ pub trait SegmentStore: Send + Sync + 'static {
     async fn close(&self);
 
     /// The worker-id lease table in the same database, where the dialect has one.
-    fn worker_leases(self: Arc<Self>) -> Option<Arc<dyn WorkerLeaseStore>> {
-        None
-    }
+    fn worker_leases(self: Arc<Self>) -> Option<Arc<dyn WorkerLeaseStore>>;
 }
 
 /// One row of `leaf_worker`.

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
 use sqlx::Row;
 
-use super::committed::connect_pool;
+use super::committed::{connect_pool, pool_options};
 use super::{LeafAlloc, StoreError};
 use crate::config::StorageConfig;
 
@@ -18,7 +18,9 @@ impl MySqlStore {
     /// Connects (failing fast on a bad URL or credentials) and migrates when asked to.
     pub async fn open(config: &StorageConfig, migrate: bool) -> Result<MySqlStore, StoreError> {
         let options = MySqlConnectOptions::from_str(&config.url)?;
-        let pool = connect_pool(config, options).await?;
+        let pool = pool_options::<sqlx::MySql>(config)
+            .after_connect(|conn, _| Box::pin(super::session::mysql(conn)));
+        let pool = connect_pool(pool, options).await?;
         if migrate {
             super::migrate::mysql(&pool, sqlx::migrate!("./migrations/mysql")).await?;
         }

@@ -97,6 +97,7 @@ pub(crate) fn parse(url: &str) -> Result<Option<Hosts>, sqlx::Error> {
         .iter()
         .map(|host| {
             PgConnectOptions::from_str(&format!("{}{user}{host}{path}{query}", &url[..scheme_end]))
+                .map(super::session::postgres)
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(Hosts {

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::Row;
 
-use super::committed::connect_pool;
+use super::committed::{connect_pool, pool_options};
 use super::{LeafAlloc, StoreError};
 use crate::config::StorageConfig;
 
@@ -19,12 +19,17 @@ impl PostgresStore {
     pub async fn open(config: &StorageConfig, migrate: bool) -> Result<PostgresStore, StoreError> {
         let pool = match super::pg_hosts::parse(&config.url)? {
             Some(hosts) => super::pg_hosts::connect(config, hosts).await?,
-            None => connect_pool(config, PgConnectOptions::from_str(&config.url)?).await?,
+            None => {
+                let options = super::session::postgres(PgConnectOptions::from_str(&config.url)?);
+                connect_pool(pool_options(config), options).await?
+            }
         };
         if migrate {
             // sqlx holds pg_advisory_lock (which blocks) around the migrations: nodes
             // starting at once wait for each other.
-            sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+            super::migrate::compatible(sqlx::migrate!("./migrations/postgres"))
+                .run(&pool)
+                .await?;
         }
         Ok(PostgresStore { pool })
     }

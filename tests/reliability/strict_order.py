@@ -12,10 +12,13 @@ the third's path to the database (a TCP proxy) frozen for 2 s, then its connecti
 `--period` runs the same check on a daily tag (Asia/Shanghai) across a midnight: every node under
 libfaketime, their clocks a second apart, one SIGKILLed and restarted; it also checks that the
 new day starts at sequence 1 and that no node serves the old day after the new one's first reply.
+`--pause` SIGSTOPs one node six times for 4 s under load (whichever moment it is in, often
+holding the row lock mid-transaction): the database aborts a transaction idle for 2 s, so the
+other two nodes must serve again within each pause; IDs/s of the others per pause are printed.
 `--bench` instead measures IDs/s and latency of the strict tag against a trend-increasing tag on
 the same database, 1 and 3 nodes, pipeline 1 and 32, and prints a Markdown table.
 
-    python3 tests/reliability/strict_order.py LEAFD_BIN mysql|postgres [--seconds S] [--bench|--period]
+    python3 tests/reliability/strict_order.py LEAFD_BIN mysql|postgres [--seconds S] [--bench|--period|--pause]
 """
 import argparse
 import os
@@ -197,6 +200,73 @@ def run_order_test(binary, dialect, seconds, order="strict"):
     return not failures
 
 
+# The database aborts a transaction idle this long (leafd's storage::session), so a paused lock
+# holder blocks the others at most about this long (plus the retry's pause).
+IDLE_BOUND_S = 2.0
+PAUSE_S = 4.0
+
+
+def run_pause_test(binary, dialect):
+    """n0 SIGSTOPped six times for 4 s under load; in each pause the other nodes serve again
+    after the idle-transaction bound. Every reply checked for real-time order and repeats."""
+    started = time.monotonic()
+    name = f"leafd_pause_{os.getpid()}"
+    sql(dialect, f"CREATE DATABASE {name}")
+    work = tempfile.mkdtemp(prefix="leafd-pause-")
+    nodes, failures = [], []
+    try:
+        nodes = start_nodes(binary, work, database_url(dialect, name), 3, "strict", "strict")
+        stop = threading.Event()
+        clients = [Client(node, "segment:strict", depth, stop)
+                   for node in nodes for depth in (1, 1, 8)]
+        for client in clients:
+            client.start()
+        time.sleep(1.0)
+        pauses = []
+        for _ in range(6):
+            time.sleep(0.5 + (os.getpid() % 7) / 10)
+            began = time.monotonic_ns()
+            nodes[0].pause()
+            time.sleep(PAUSE_S)
+            nodes[0].resume()
+            pauses.append((began, time.monotonic_ns()))
+            time.sleep(1.0)
+        stop.set()
+        for client in clients:
+            client.join(15)
+        records = [r for c in clients for r in c.records]
+        errors = [e for c in clients for e in c.errors]
+        violations, repeats, example, distinct = check(records)
+        rates, after_bound = [], []
+        for began, ended in pauses:
+            others = [r for r in records if r[4] != nodes[0].name and began <= r[1] <= ended]
+            ids = sum(r[3] - r[2] + 1 for r in others)
+            rates.append(round(ids / ((ended - began) / 1e9)))
+            late = began + int((IDLE_BOUND_S + 1.0) * 1e9)
+            after_bound.append(sum(1 for r in others if r[1] >= late))
+        print(f"  {dialect} pause: {len(records)} requests ({distinct} IDs), n0 SIGSTOPped 6 x "
+              f"{PAUSE_S:.0f} s; the other nodes' IDs/s in each pause {rates}; their replies in "
+              f"the last {PAUSE_S - IDLE_BOUND_S - 1:.0f} s of each pause {after_bound}; real-time "
+              f"order violations {violations}, repeats {repeats}, error replies {len(errors)}")
+        if violations:
+            failures.append(f"{violations} real-time order violations, e.g. {example}")
+        if repeats:
+            failures.append(f"{repeats} repeated IDs")
+        stalled = [i for i, n in enumerate(after_bound) if n == 0]
+        if stalled:
+            failures.append(f"the other nodes served nothing after the {IDLE_BOUND_S} s bound "
+                            f"in pauses {stalled}")
+        unexpected = [e for e in errors if not e.startswith("UNAVAILABLE")]
+        if unexpected:
+            failures.append(f"unexpected error replies: {unexpected[:3]}")
+    finally:
+        leafd.stop_all(nodes)
+        sql(dialect, f"DROP DATABASE IF EXISTS {name}")
+        subprocess.run(["rm", "-rf", work], check=False)
+    leafd.print_outcome(f"strict_order pause {dialect}", failures, started)
+    return not failures
+
+
 SHANGHAI = 8 * 3600
 DIGITS = 6
 
@@ -327,6 +397,8 @@ def main():
     parser.add_argument("--bench", action="store_true")
     parser.add_argument("--period", action="store_true",
                         help="a daily tag across a midnight, clocks a second apart")
+    parser.add_argument("--pause", action="store_true",
+                        help="SIGSTOP a node 6 x 4 s; the others must serve within each pause")
     parser.add_argument("--order", default="strict", choices=("strict", "trend"),
                         help="trend: show that the check catches a trend-increasing tag")
     args = parser.parse_args()
@@ -335,6 +407,8 @@ def main():
         return
     if args.period:
         sys.exit(0 if run_period_test(args.binary, args.dialect, args.seconds) else 1)
+    if args.pause:
+        sys.exit(0 if run_pause_test(args.binary, args.dialect) else 1)
     sys.exit(0 if run_order_test(args.binary, args.dialect, args.seconds, args.order) else 1)
 
 

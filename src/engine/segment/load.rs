@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::period::same_rule;
 use super::step;
 use super::{
     BufferState, Interleave, LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer,
@@ -185,13 +186,22 @@ impl SegmentEngine {
         let interleave = buffer.lock().interleave;
         let checked = match (&buffer.period, buffer.strict) {
             (Some(rule), _) => {
-                self.rule_check(&buffer.name, &rule.marker(), &alloc)
+                let (marker, record) = (rule.marker(), rule.record());
+                self.rule_check(&buffer.name, &marker, &record, &alloc)
                     .await?
             }
-            (None, true) => self.rule_check(&buffer.name, STRICT_MARKER, &alloc).await?,
+            (None, true) => {
+                self.rule_check(&buffer.name, STRICT_MARKER, STRICT_MARKER, &alloc)
+                    .await?
+            }
             (None, false) => self.split_check(&buffer.name, interleave, &alloc).await?,
         };
         if let Err(refused) = checked {
+            // A node that serves the tag by its row's record follows a changed record from
+            // the next request on (this allocation is skipped: it was made under the old one).
+            if !buffer.serves_record(alloc.split.as_deref()) {
+                self.rebuild_tag(&buffer.name, alloc.split.as_deref());
+            }
             // LEAF.TAGS shows the table's max_id even while the tag is refused: the re-split
             // procedure reads it to choose a start above everything this cluster served.
             let mut st = buffer.lock();
@@ -294,17 +304,18 @@ impl SegmentEngine {
         &self,
         tag: &str,
         marker: &str,
+        record: &str,
         alloc: &LeafAlloc,
     ) -> Result<Result<(), LoadFailure>, StoreError> {
         let recorded = match alloc.split.as_deref() {
-            Some(recorded) if recorded == marker => return Ok(Ok(())),
+            Some(recorded) if same_rule(recorded, marker) => return Ok(Ok(())),
             Some(recorded) => Some(recorded.to_string()),
             None => {
-                super::tags::retry_conflicts(|| self.store.claim_split(tag, None, Some(marker)))
+                super::tags::retry_conflicts(|| self.store.claim_split(tag, None, Some(record)))
                     .await?
             }
         };
-        if recorded.as_deref() == Some(marker) {
+        if recorded.as_deref().is_some_and(|r| same_rule(r, marker)) {
             return Ok(Ok(()));
         }
         let recorded = recorded.unwrap_or_else(|| "none".into());

@@ -83,6 +83,93 @@ impl From<StoreError> for SegmentError {
     }
 }
 
+/// How a tag's IDs are ordered, as this node serves it: its configuration's rule, or for a tag
+/// it does not configure, the rule the tag's row records.
+#[derive(Debug, Clone)]
+pub enum TagRule {
+    /// Leaf's double buffer (with the node's split or opaque IDs, if any).
+    Trend,
+    /// Strictly increasing across the cluster.
+    Strict,
+    /// A sequence that restarts each period (served strict).
+    Period(Arc<PeriodRule>),
+}
+
+impl TagRule {
+    /// What the tag's row records of the rule (`None`: trend, whose row may record a split).
+    pub fn record(&self) -> Option<String> {
+        match self {
+            TagRule::Trend => None,
+            TagRule::Strict => Some(load::STRICT_MARKER.to_string()),
+            TagRule::Period(rule) => Some(rule.record()),
+        }
+    }
+
+    /// The rule an admin names at run time (`LEAF.TAG CREATE … ORDER strict PERIOD daily ZONE
+    /// Asia/Shanghai DIGITS 6 PREFIX ORD`, or the same fields over HTTP), checked as the
+    /// configuration's keys are; the message names what is wrong.
+    pub fn named(
+        order: Option<&str>,
+        period: Option<&str>,
+        time_zone: Option<&str>,
+        digits: Option<u32>,
+        prefix: Option<&str>,
+    ) -> Result<TagRule, String> {
+        let strict = match order.map(str::to_ascii_lowercase).as_deref() {
+            None | Some("trend") => false,
+            Some("strict") => true,
+            Some(other) => return Err(format!("ORDER must be strict or trend, not '{other}'")),
+        };
+        let Some(period) = period else {
+            if time_zone.is_some() || digits.is_some() || prefix.is_some() {
+                return Err("ZONE, DIGITS and PREFIX belong to a PERIOD".into());
+            }
+            return Ok(if strict {
+                TagRule::Strict
+            } else {
+                TagRule::Trend
+            });
+        };
+        if order.is_some() && !strict {
+            return Err(
+                "a period tag is served in strict order: ORDER trend does not apply".into(),
+            );
+        }
+        let calendar = Calendar::from_name(period)
+            .ok_or_else(|| format!("PERIOD must be daily, monthly or yearly, not '{period}'"))?;
+        let zone_name = time_zone.unwrap_or("UTC");
+        let zone = jiff::tz::TimeZone::get(zone_name).map_err(|_| {
+            format!("ZONE '{zone_name}' is not an IANA time zone (e.g. UTC, Asia/Shanghai)")
+        })?;
+        let digits = digits.unwrap_or(6);
+        let most = calendar.max_sequence_digits();
+        if !(1..=most).contains(&digits) {
+            return Err(format!(
+                "DIGITS must be between 1 and {most} for a {} period",
+                calendar.name()
+            ));
+        }
+        let prefix = prefix.unwrap_or("");
+        if prefix.chars().any(|c| !c.is_ascii_graphic()) {
+            return Err("PREFIX must be printable ASCII without spaces".into());
+        }
+        let rule = PeriodRule::new(calendar, zone, zone_name, digits, prefix);
+        Ok(TagRule::Period(Arc::new(rule)))
+    }
+
+    /// The rule a row's record gives a node that does not configure the tag: a period
+    /// recorded in full, strict order, or else trend (which the allocation then checks).
+    pub fn from_record(recorded: Option<&str>) -> TagRule {
+        match recorded {
+            Some(load::STRICT_MARKER) => TagRule::Strict,
+            Some(r) => PeriodRule::from_record(r)
+                .map(|rule| TagRule::Period(Arc::new(rule)))
+                .unwrap_or(TagRule::Trend),
+            None => TagRule::Trend,
+        }
+    }
+}
+
 /// A tag's double buffer and the signal that a load finished.
 pub struct TagBuffer {
     name: Arc<str>,
@@ -108,10 +195,21 @@ pub struct TagBuffer {
     /// The period whose sequence numbers this node saw run out (0: none): no allocation is
     /// asked for until the node's clock reaches the next period.
     period_exhausted: std::sync::atomic::AtomicI64,
+    /// For a tag this node does not configure: the rule record it was built from (the row's),
+    /// so a changed record builds it anew. `None` for a configured tag.
+    followed: Option<Option<String>>,
 }
 
 impl TagBuffer {
-    fn new(name: &str, settings: &SegmentSettings) -> TagBuffer {
+    /// A tag's buffer, by this node's configuration, or by `recorded` (the row's record) for a
+    /// tag the node does not configure.
+    fn new(name: &str, settings: &SegmentSettings, recorded: Option<&str>) -> TagBuffer {
+        let follows = settings.follows_row(name);
+        let rule = if follows {
+            TagRule::from_record(recorded)
+        } else {
+            settings.configured_rule(name)
+        };
         TagBuffer {
             name: name.into(),
             state: Mutex::new(BufferState {
@@ -122,10 +220,23 @@ impl TagBuffer {
             allocating: tokio::sync::Mutex::new(()),
             opaque: settings.opaque_of(name),
             opaque_claimed: std::sync::atomic::AtomicBool::new(false),
-            strict: settings.strict.contains(name) || settings.period.contains_key(name),
+            strict: !matches!(rule, TagRule::Trend),
             strict_waiting: Mutex::new(Vec::new()),
-            period: settings.period.get(name).cloned(),
+            period: match &rule {
+                TagRule::Period(period) => Some(period.clone()),
+                _ => None,
+            },
             period_exhausted: std::sync::atomic::AtomicI64::new(0),
+            followed: follows.then(|| rule.record()),
+        }
+    }
+
+    /// Whether this buffer still serves the rule `recorded` (the row's record) gives it: a
+    /// configured tag always does; a followed one while the record's rule is unchanged.
+    fn serves_record(&self, recorded: Option<&str>) -> bool {
+        match &self.followed {
+            None => true,
+            Some(built_from) => *built_from == TagRule::from_record(recorded).record(),
         }
     }
 

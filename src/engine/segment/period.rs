@@ -18,7 +18,7 @@ pub const PERIOD_MARKER: &str = "period:";
 /// node's configuration says; `None` for a row that records no period.
 pub fn window_of_marker(recorded: Option<&str>) -> Option<crate::storage::Window> {
     let rule = recorded?.strip_prefix(PERIOD_MARKER)?;
-    let digits: u32 = rule.rsplit(':').next()?.parse().ok()?;
+    let digits: u32 = rule.split(':').nth(1)?.parse().ok()?;
     let scale = 10i64.checked_pow(digits)?;
     Some(crate::storage::Window {
         span: scale.checked_mul(10)?,
@@ -42,6 +42,36 @@ impl Calendar {
             Calendar::Year => "yearly",
         }
     }
+
+    /// The calendar a name (`daily`, `monthly`, `yearly`) stands for, in any case.
+    pub fn from_name(name: &str) -> Option<Calendar> {
+        [Calendar::Day, Calendar::Month, Calendar::Year]
+            .into_iter()
+            .find(|c| c.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Digits of the period's date in an ID.
+    pub fn date_digits(self) -> u32 {
+        match self {
+            Calendar::Day => 8,
+            Calendar::Month => 6,
+            Calendar::Year => 4,
+        }
+    }
+
+    /// Most sequence digits: a row position keeps one digit more than the ID and must stay
+    /// within 18 digits.
+    pub fn max_sequence_digits(self) -> u32 {
+        17 - self.date_digits()
+    }
+}
+
+/// Whether the rule a row records (`period:daily:4`, or with the time zone and prefix after
+/// it) is the rule `marker` names: the calendar and digits decide which ID a position is.
+pub fn same_rule(recorded: &str, marker: &str) -> bool {
+    recorded
+        .strip_prefix(marker)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'))
 }
 
 /// How one period tag turns positions of its row into IDs.
@@ -98,6 +128,29 @@ impl PeriodRule {
     /// position is. The time zone only moves period boundaries, so it may change.
     pub fn marker(&self) -> String {
         format!("{PERIOD_MARKER}{}:{}", self.calendar.name(), self.digits)
+    }
+
+    /// What a row records of the whole rule: [`PeriodRule::marker`], then the time zone and the
+    /// prefix, so a node that has no rule configured for the tag serves it as recorded
+    /// (`period:daily:6:Asia/Shanghai:ORD`).
+    pub fn record(&self) -> String {
+        format!("{}:{}:{}", self.marker(), self.zone_name, self.prefix)
+    }
+
+    /// The rule a row records in full ([`PeriodRule::record`]); `None` for anything else,
+    /// including a record of only the calendar and digits (written by a node configured with
+    /// the rule, whose time zone a node without it cannot know).
+    pub fn from_record(recorded: &str) -> Option<PeriodRule> {
+        let mut parts = recorded.strip_prefix(PERIOD_MARKER)?.splitn(4, ':');
+        let calendar = Calendar::from_name(parts.next()?)?;
+        let digits: u32 = parts.next()?.parse().ok()?;
+        let zone_name = parts.next()?;
+        let prefix = parts.next()?;
+        if !(1..=calendar.max_sequence_digits()).contains(&digits) {
+            return None;
+        }
+        let zone = TimeZone::get(zone_name).ok()?;
+        Some(PeriodRule::new(calendar, zone, zone_name, digits, prefix))
     }
 
     /// `10^digits`: an ID is `period · scale + sequence`.
@@ -209,6 +262,28 @@ mod tests {
         // The next period's positions are above every position of this one.
         assert!(daily.first_position(20261205) > first + 9_000);
         assert!(daily.first_position(20270101) > daily.first_position(20261231));
+    }
+
+    #[test]
+    fn a_rule_recorded_in_full_is_read_back() {
+        let daily = rule(Calendar::Day, "Asia/Shanghai", 6);
+        assert_eq!(daily.record(), "period:daily:6:Asia/Shanghai:ORD");
+        let back = PeriodRule::from_record(&daily.record()).unwrap();
+        assert_eq!(back.describe(), "daily Asia/Shanghai 6");
+        assert_eq!(back.code(20261204000123), "ORD20261204000123");
+        assert!(same_rule(&daily.record(), "period:daily:6"));
+        assert!(same_rule("period:daily:6", "period:daily:6"));
+        assert!(!same_rule("period:daily:60", "period:daily:6"));
+        assert!(PeriodRule::from_record("period:daily:6").is_none());
+        assert!(PeriodRule::from_record("period:daily:12:UTC:").is_none());
+        assert!(PeriodRule::from_record("period:daily:6:Mars/Base:").is_none());
+        assert_eq!(
+            window_of_marker(Some("period:monthly:4:UTC:X")),
+            Some(crate::storage::Window {
+                span: 100_000,
+                usable: 10_000
+            })
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Interleave, OpaqueCipher, PeriodRule};
+use super::{Interleave, OpaqueCipher, PeriodRule, TagRule};
 
 /// Tuning of the engine (the app fills it from the `[segment]` config section).
 #[derive(Debug, Clone)]
@@ -30,6 +30,9 @@ pub struct SegmentSettings {
     pub strict: HashSet<String>,
     /// Tags whose sequence restarts each period (`period = "daily"`, …), served strict.
     pub period: HashMap<String, Arc<PeriodRule>>,
+    /// Tags this node's configuration lists (`[[segment.tags]]`, `[[segment.opaque]]`): their
+    /// rule is the configuration's. Any other tag follows the rule its row records.
+    pub configured: HashSet<String>,
 }
 
 impl Default for SegmentSettings {
@@ -47,6 +50,7 @@ impl Default for SegmentSettings {
             opaque: HashMap::new(),
             strict: HashSet::new(),
             period: HashMap::new(),
+            configured: HashSet::new(),
         }
     }
 }
@@ -58,6 +62,26 @@ impl SegmentSettings {
             .get(tag)
             .copied()
             .unwrap_or(self.interleave)
+    }
+
+    /// Whether this node serves `tag` by the rule its row records: it does not configure the
+    /// tag, and hands out the whole ID space (a strict or period tag cannot be split between
+    /// clusters, so a node with a split never takes such a rule from a row).
+    pub fn follows_row(&self, tag: &str) -> bool {
+        !self.configured.contains(tag)
+            && !self.opaque.contains_key(tag)
+            && self.interleave_of(tag) == Interleave::default()
+    }
+
+    /// The rule this node's configuration gives `tag`.
+    pub fn configured_rule(&self, tag: &str) -> TagRule {
+        if let Some(rule) = self.period.get(tag) {
+            TagRule::Period(rule.clone())
+        } else if self.strict.contains(tag) {
+            TagRule::Strict
+        } else {
+            TagRule::Trend
+        }
     }
 
     /// The permutation of `tag`'s IDs, when it hands out opaque IDs.

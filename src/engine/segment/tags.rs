@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{store_reason, Interleave, SegmentEngine, SegmentError, TagBuffer, TagMap};
+use super::{store_reason, Interleave, SegmentEngine, SegmentError, TagBuffer, TagMap, TagRule};
 use crate::storage::{NewTag, StoreError};
 
 /// Longest tag name, the width of `leaf_alloc.biz_tag`.
@@ -110,14 +110,34 @@ impl SegmentEngine {
             .map(|row| {
                 let buffer = old
                     .get(row.tag.as_bytes())
+                    .filter(|buffer| buffer.serves_record(row.split.as_deref()))
                     .cloned()
-                    .unwrap_or_else(|| Arc::new(TagBuffer::new(&row.tag, &self.settings)));
+                    .unwrap_or_else(|| {
+                        let recorded = row.split.as_deref();
+                        Arc::new(TagBuffer::new(&row.tag, &self.settings, recorded))
+                    });
                 (Box::from(row.tag.as_bytes()), buffer)
             })
             .collect();
         let count = map.len();
         self.tags.store(Arc::new(map));
         Ok(count)
+    }
+
+    /// Builds `tag`'s buffer anew from its row's record `recorded` (a node that does not
+    /// configure the tag follows a changed rule); requests in flight finish on the old one.
+    pub(super) fn rebuild_tag(&self, tag: &str, recorded: Option<&str>) {
+        let buffer = Arc::new(TagBuffer::new(tag, &self.settings, recorded));
+        tracing::info!(
+            tag,
+            rule = recorded.unwrap_or("none"),
+            "the tag's row records another rule: this node follows it"
+        );
+        self.tags.rcu(|map| {
+            let mut map = TagMap::clone(map);
+            map.insert(Box::from(tag.as_bytes()), buffer.clone());
+            map
+        });
     }
 
     pub(super) fn forget_tag(&self, tag: &str) {
@@ -131,17 +151,12 @@ impl SegmentEngine {
     /// What a tag's row records of this node's rule for it, from its creation on: a period's
     /// calendar and digits, strict order, or the data-centre split (`None`: trend order over
     /// the whole ID space). A node configured otherwise is refused by every allocation.
-    fn rule_marker_of(&self, tag: &str) -> Option<String> {
-        if let Some(rule) = self.settings.period.get(tag) {
-            Some(rule.marker())
-        } else if self.settings.strict.contains(tag) {
-            Some(super::load::STRICT_MARKER.to_string())
-        } else {
-            self.settings.interleave_of(tag).marker()
-        }
+    fn rule_record_of(&self, tag: &str, rule: &TagRule) -> Option<String> {
+        rule.record()
+            .or_else(|| self.settings.interleave_of(tag).marker())
     }
 
-    /// Creates a tag whose first ID is `start`.
+    /// Creates a tag whose first ID is `start`, by this node's configuration of it.
     pub async fn create_tag(
         &self,
         tag: &str,
@@ -149,12 +164,44 @@ impl SegmentEngine {
         start: i64,
         description: Option<&str>,
     ) -> Result<(), SegmentError> {
+        self.create_ruled_tag(tag, step, start, description, None)
+            .await
+    }
+
+    /// Creates a tag whose first ID is `start`, with `rule` (`LEAF.TAG CREATE … ORDER strict`,
+    /// `… PERIOD daily`) recorded in its row, which every node that does not configure the
+    /// tag follows; `None`: this node's configuration of the tag.
+    pub async fn create_ruled_tag(
+        &self,
+        tag: &str,
+        step: i64,
+        start: i64,
+        description: Option<&str>,
+        rule: Option<TagRule>,
+    ) -> Result<(), SegmentError> {
         validate_tag_name(tag).map_err(SegmentError::Invalid)?;
         self.validate_step(step)?;
         if !(1..=MAX_TAG_START).contains(&start) {
             return Err(SegmentError::Invalid(format!(
                 "start must be between 1 and {MAX_TAG_START}"
             )));
+        }
+        let rule = match rule {
+            None => self.settings.configured_rule(tag),
+            Some(TagRule::Trend) if !self.settings.follows_row(tag) => {
+                self.settings.configured_rule(tag)
+            }
+            Some(_) if !self.settings.follows_row(tag) => {
+                return Err(SegmentError::Invalid(format!(
+                    "tag '{tag}' is configured on this node (or this node hands out a split of the ID space): its order and period come from the configuration; create it without ORDER or PERIOD"
+                )))
+            }
+            Some(rule) => rule,
+        };
+        if matches!(rule, TagRule::Period(_)) && start != 1 {
+            return Err(SegmentError::Invalid(
+                "a period tag's sequence starts at 1 each period: give no start".into(),
+            ));
         }
         let _writer = self.tag_writer.lock().await;
         // Counted and inserted in one transaction behind a database-wide guard: nodes
@@ -164,15 +211,16 @@ impl SegmentEngine {
             step,
             start,
             description: description.map(str::to_string),
-            split: self.rule_marker_of(tag),
+            split: self.rule_record_of(tag, &rule),
             max_tags: self.settings.max_tags,
         };
         // Two members of a multi-primary cluster may update the guard at once.
         retry_conflicts(|| self.store.create_tag(&new)).await?;
         self.tags.rcu(|map| {
             let mut map = TagMap::clone(map);
-            map.entry(Box::from(tag.as_bytes()))
-                .or_insert_with(|| Arc::new(TagBuffer::new(tag, &self.settings)));
+            map.entry(Box::from(tag.as_bytes())).or_insert_with(|| {
+                Arc::new(TagBuffer::new(tag, &self.settings, new.split.as_deref()))
+            });
             map
         });
         Ok(())
