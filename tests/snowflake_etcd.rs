@@ -201,6 +201,8 @@ struct PrivateEtcd {
     child: std::process::Child,
     dir: tempfile::TempDir,
     endpoint: String,
+    /// The command line, to start the member again on the same ports.
+    args: Vec<String>,
 }
 
 impl PrivateEtcd {
@@ -210,24 +212,57 @@ impl PrivateEtcd {
         let data = dir.path().join("data").display().to_string();
         let endpoint = format!("{scheme}://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
-        let child = std::process::Command::new("etcd")
-            .args(["--name", "leafd-private", "--data-dir", &data])
-            .args(["--listen-client-urls", &endpoint])
-            .args(["--advertise-client-urls", &endpoint])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("leafd-private={peer_url}")])
-            .args(extra)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("etcd on PATH (LEAFD_TEST_ETCD is set: scripts/etcd.sh installs it)");
+        let mut args: Vec<String> = [
+            "--name",
+            "leafd-private",
+            "--data-dir",
+            &data,
+            "--listen-client-urls",
+            &endpoint,
+            "--advertise-client-urls",
+            &endpoint,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &format!("leafd-private={peer_url}"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().cloned());
+        let child = PrivateEtcd::run(dir.path(), &args);
         PrivateEtcd {
             child,
             dir,
             endpoint,
+            args,
         }
+    }
+
+    fn run(dir: &std::path::Path, args: &[String]) -> std::process::Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("etcd.log"))
+            .unwrap();
+        std::process::Command::new("etcd")
+            .args(args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("etcd on PATH (LEAFD_TEST_ETCD is set: scripts/etcd.sh installs it)")
+    }
+
+    /// SIGKILLs the member, empties its data directory and starts it again on the same ports:
+    /// a rebuilt member, or one restored from nothing, as an operator may leave it.
+    async fn wipe_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::fs::remove_dir_all(self.dir.path().join("data")).unwrap();
+        self.child = PrivateEtcd::run(self.dir.path(), &self.args);
+        self.wait_ready().await;
     }
 
     /// A plain `http://` member.
@@ -543,4 +578,116 @@ async fn a_member_with_authentication_on() {
     );
     second.close().await;
     app.close().await;
+}
+
+/// etcd wiped under load (worker_id_bits = 1: two ids, both held): a third node started at once
+/// claims an id the wipe freed and waits a whole lease; the holders see etcd's new cluster id
+/// at their next renewal, stop at once and claim their ids again. Every ID of the three nodes
+/// is collected: no ID and no (millisecond, worker id) pair is issued by two nodes, and the
+/// holders that kept an id issue again by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_etcd_gives_no_worker_id_to_two_nodes() {
+    if required_env(
+        "LEAFD_TEST_ETCD",
+        "a_wiped_etcd_gives_no_worker_id_to_two_nodes",
+    )
+    .is_none()
+    {
+        return;
+    }
+    let mut etcd = PrivateEtcd::start_plain();
+    etcd.wait_ready().await;
+    let cluster = unique_tag("etcd-wipe");
+    let states: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let endpoint = etcd.endpoint.clone();
+    let narrow = |state: &tempfile::TempDir| {
+        let mut config = node(&endpoint, &cluster, state);
+        config.snowflake.worker_id_bits = 1;
+        config.snowflake.sequence_bits = 21;
+        config
+    };
+    let layout = Layout {
+        worker_bits: 1,
+        sequence_bits: 21,
+        ..Layout::default()
+    };
+    let a = App::open(narrow(&states[0])).await.expect("a starts");
+    let b = App::open(narrow(&states[1])).await.expect("b starts");
+    let issued = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(usize, i64)>::new()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let load = |node: usize, app: std::sync::Arc<App>| {
+        let (issued, stop) = (issued.clone(), stop.clone());
+        tokio::spawn(async move {
+            let engine = app.snowflake().unwrap();
+            while !stop.is_cancelled() {
+                if let Ok(ids) = engine.next_ids(50).await {
+                    issued
+                        .lock()
+                        .unwrap()
+                        .extend(ids.into_iter().map(|id| (node, id)));
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let (la, lb) = (load(0, a.clone()), load(1, b.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    etcd.wipe_and_restart().await;
+    let wiped_at = std::time::Instant::now();
+    let wiped_ms = SystemClock.now_millis();
+    let c = App::open(narrow(&states[2])).await.expect("c starts");
+    assert!(
+        wiped_at.elapsed() >= Duration::from_millis(1900),
+        "c issued {:?} after the wipe: it must wait a whole lease",
+        wiped_at.elapsed()
+    );
+    let lc = load(2, c.clone());
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    stop.cancel();
+    for task in [la, lb, lc] {
+        task.await.unwrap();
+    }
+    let issued = issued.lock().unwrap().clone();
+    let mut ids = HashSet::new();
+    let mut pairs: std::collections::HashMap<(u64, u64), usize> = Default::default();
+    let mut shared_pairs = 0;
+    for &(node, id) in &issued {
+        assert!(ids.insert(id), "ID {id} issued twice");
+        let fields = layout.decode(id).unwrap();
+        let owner = *pairs
+            .entry((fields.timestamp_ms, fields.worker_id))
+            .or_insert(node);
+        if owner != node {
+            shared_pairs += 1;
+        }
+    }
+    assert_eq!(shared_pairs, 0, "(ms, worker id) pairs issued by two nodes");
+    // c, and the one of a and b whose id c did not take (it claimed it again), issue a lease
+    // and more after the wipe.
+    let after: HashSet<usize> = issued
+        .iter()
+        .filter(|(_, id)| layout.decode(*id).unwrap().timestamp_ms > wiped_ms + 3000)
+        .map(|(n, _)| *n)
+        .collect();
+    // The holder whose id c took stops for good, saying why; the other issues.
+    let mut stopped = Vec::new();
+    for app in [&a, &b] {
+        if let Err(e) = app.snowflake().unwrap().next_ids(1).await {
+            stopped.push(e.to_string());
+        }
+    }
+    assert_eq!(stopped.len(), 1, "{stopped:?}");
+    assert!(
+        stopped[0].contains("was taken by another node after etcd lost its leases"),
+        "{stopped:?}"
+    );
+    assert!(after.contains(&2), "c never issued");
+    assert_eq!(
+        after.len(),
+        2,
+        "nodes issuing again after the wipe: {after:?}"
+    );
+    for app in [a, b, c] {
+        app.close().await;
+    }
 }

@@ -156,6 +156,44 @@ impl DatabaseCoordinator {
     }
 }
 
+impl DatabaseCoordinator {
+    /// Every id is leased, but this node held one before it restarted (its state file says
+    /// which): that lease is most likely its own, run out within a lease of the crash. Waits
+    /// for it (a lease and a renewal interval at most), logged, instead of failing the start.
+    async fn wait_for_previous(
+        &self,
+        owner: &str,
+        lease: i64,
+    ) -> Result<Option<(u64, u64)>, CoordError> {
+        let Some(id) = self.previous() else {
+            return Ok(None);
+        };
+        let wait = Duration::from_millis(self.lease_ms) + self.renew_interval();
+        tracing::warn!(
+            worker_id = id,
+            wait_ms = wait.as_millis() as u64,
+            "every worker id is leased; waiting for the one this node held before it restarted"
+        );
+        let deadline = tokio::time::Instant::now() + wait;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(RETRY_FAILED_RENEWAL).await;
+            if let Some(floor) = self
+                .store
+                .claim(id as i64, owner, lease)
+                .await
+                .map_err(db)?
+            {
+                tracing::info!(
+                    worker_id = id,
+                    "the worker id this node held before is free again"
+                );
+                return Ok(Some((id, floor.max(0) as u64)));
+            }
+        }
+        Ok(None)
+    }
+}
+
 fn db(e: crate::storage::StoreError) -> CoordError {
     CoordError::Database(e.to_string())
 }
@@ -202,6 +240,9 @@ impl Coordinator for DatabaseCoordinator {
             if granted.is_some() {
                 break;
             }
+        }
+        if granted.is_none() {
+            granted = self.wait_for_previous(&owner, lease).await?;
         }
         let Some((worker_id, floor_ms)) = granted else {
             return Err(CoordError::NoFreeWorkerId(format!(
@@ -298,6 +339,18 @@ fn renew_problem(since_ms: u64, holder: &str) -> String {
     )
 }
 
+/// Claims `worker_id` again for `owner` after the store lost its leases, starting the store's
+/// settling period (claimants wait a whole lease); false when another node holds it now.
+async fn claim_again(
+    store: &dyn WorkerLeaseStore,
+    worker_id: u64,
+    owner: &str,
+    lease: i64,
+) -> Result<bool, crate::storage::StoreError> {
+    store.instance_changed_within(lease).await?;
+    Ok(store.claim(worker_id as i64, owner, lease).await?.is_some())
+}
+
 /// How soon a failed lease renewal is tried again (a few statements a second per node).
 const RETRY_FAILED_RENEWAL: Duration = Duration::from_millis(200);
 
@@ -319,6 +372,10 @@ async fn renew(
     stop: CancellationToken,
 ) {
     let mut failing = false;
+    // After the store went back: no ID until this time (a whole lease after the id was
+    // claimed again), and whether the claim is still to be made.
+    let mut resume_at_ms = 0u64;
+    let mut reclaim = false;
     loop {
         // After a failed renewal, try again soon: the database may take writes again within
         // a second (a failover, a Galera member rejoining), and the lease stops IDs at its half.
@@ -332,11 +389,34 @@ async fn renew(
             _ = tokio::time::sleep(pause) => {}
         }
         let now = clock.now_millis();
+        if reclaim {
+            match claim_again(store.as_ref(), worker_id, &owner, lease).await {
+                Ok(true) => {
+                    reclaim = false;
+                    resume_at_ms = now + 2 * half_lease_ms;
+                    tracing::warn!(worker_id, resume_at_ms, "worker id claimed again after the store went back; issuing resumes after a whole lease");
+                }
+                Ok(false) => {
+                    limit.revoke(format!(
+                        "worker id {worker_id} was taken by another node after {holder} lost its leases; restart this node to lease another"
+                    ));
+                    return;
+                }
+                Err(e) => {
+                    limit.lease_error(e.to_string());
+                    continue;
+                }
+            }
+        }
         let fence = now + half_lease_ms + interval.as_millis() as u64;
         match store
             .renew(worker_id as i64, &owner, lease, fence as i64)
             .await
         {
+            Ok(true) if now < resume_at_ms => {
+                // Held again, and its fence written; IDs wait for the end of the lease.
+                failing = true;
+            }
             Ok(true) => {
                 // Another layout took the table over (its nodes checked that their IDs start
                 // above this layout's up to a lease from then): this node stops for good.
@@ -368,6 +448,19 @@ async fn renew(
                     "worker id {worker_id} is leased by another node (this node's lease expired)"
                 ));
                 return;
+            }
+            Err(crate::storage::StoreError::WentBack(why)) => {
+                // Stop at once: a claimant in the new state may take this id (it waits a
+                // whole lease first); this node claims it again and waits as long.
+                limit.set_lease(
+                    now,
+                    Some(format!(
+                        "{why}; this node stopped issuing and claims worker id {worker_id} again, then waits a whole lease"
+                    )),
+                );
+                tracing::warn!(worker_id, error = %why, "the lease store went back: stopped issuing; claiming the worker id again");
+                reclaim = true;
+                failing = true;
             }
             Err(e) => {
                 limit.lease_error(e.to_string());

@@ -158,6 +158,10 @@ pub enum StoreError {
     /// file system): the message names the path and the cause. It does not pass by itself.
     #[error("{0}")]
     FileAccess(String),
+    /// The lease store went back (a wiped or restored etcd): a holder stops issuing at once
+    /// and claims its id again, as a claimant after such a loss.
+    #[error("{0}")]
+    WentBack(String),
     /// The node's segment marks exist but none can be read: the message says what to do.
     #[error("{0}")]
     MarksUnreadable(String),

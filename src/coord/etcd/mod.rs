@@ -20,6 +20,8 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+mod identity;
+
 use super::LinkStatus;
 use crate::config::EtcdConfig;
 use crate::storage::{StoreError, WorkerLeaseStore, WorkerRow};
@@ -40,6 +42,8 @@ pub struct EtcdLeases {
     /// (asked for again when a member calls it invalid: expired, or auth was turned off and on).
     credentials: Option<(String, String)>,
     token: Mutex<Option<String>>,
+    /// The `identity` value this process saw in etcd ([`identity`]).
+    identity: Mutex<Option<String>>,
     /// The link as INFO and `/metrics` show it.
     pub status: std::sync::Arc<LinkStatus>,
 }
@@ -137,6 +141,7 @@ impl EtcdLeases {
             },
             credentials: cfg.username.clone().zip(cfg.password.clone()),
             token: Mutex::new(None),
+            identity: Mutex::new(None),
             status: std::sync::Arc::new(LinkStatus::new("etcd")),
         })
     }
@@ -362,8 +367,8 @@ fn value_is(key: &str, value: &str) -> Value {
     json!({ "target": "VALUE", "key": b64(key), "value": b64(value) })
 }
 
-/// The fence a range reply of `worker/{id}` carries (0 for none).
-fn fence_in(responses: &[Value]) -> i64 {
+/// The fence a range reply of `worker/{id}` carries (`None`: no such key).
+fn fence_in(responses: &[Value]) -> Option<i64> {
     responses
         .iter()
         .filter_map(|r| {
@@ -377,11 +382,15 @@ fn fence_in(responses: &[Value]) -> i64 {
         .filter_map(|kv| serde_json::from_str::<WorkerValue>(&kv.value_text()).ok())
         .map(|w| w.fence_ms)
         .max()
-        .unwrap_or(0)
 }
 
 #[async_trait]
 impl WorkerLeaseStore for EtcdLeases {
+    /// A new, wiped or restored etcd (see [`identity`]): the claimant waits a whole lease.
+    async fn instance_changed_within(&self, window_ms: i64) -> Result<bool, StoreError> {
+        self.store_went_back_within(window_ms).await
+    }
+
     async fn claim(
         &self,
         worker_id: i64,
@@ -399,7 +408,17 @@ impl WorkerLeaseStore for EtcdLeases {
                 ],
             )
             .await?;
-        Ok(taken.then(|| fence_in(&responses)))
+        // No `worker/{id}` at all: the id was never held here, or etcd lost the key (restored
+        // from a snapshot older than the holder's claim, who may still issue until its next
+        // renewal). Read as a fence a whole lease ahead: the claimant waits that long.
+        Ok(taken.then(|| {
+            fence_in(&responses).unwrap_or_else(|| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64);
+                now + lease_ms
+            })
+        }))
     }
 
     async fn renew(
@@ -412,13 +431,23 @@ impl WorkerLeaseStore for EtcdLeases {
         let lease = self.lease_of(owner, lease_ms).await?;
         let reply = self
             .call("lease/keepalive", json!({ "ID": lease.to_string() }))
-            .await?;
+            .await;
         // The keep-alive of a lease that ran out answers a TTL of 0 (left out): the alive key
-        // is gone with it, and another node may hold the id already.
+        // is gone with it, and another node may hold the id already. Or etcd lost the lease
+        // with all its data (wiped, rebuilt): its `identity` then is not the one seen.
         let ttl = reply
-            .get("result")
+            .as_ref()
+            .ok()
+            .and_then(|reply| reply.get("result"))
             .and_then(|r| int_field(r, "TTL"))
             .unwrap_or(0);
+        if ttl <= 0 && self.identity_changed().await? {
+            self.forget_lease(owner);
+            return Err(StoreError::WentBack(
+                "etcd lost this cluster's keys (wiped, rebuilt or restored: its identity key is gone or another)".into(),
+            ));
+        }
+        reply?;
         if ttl <= 0 {
             self.forget_lease(owner);
             return Ok(false);
