@@ -310,10 +310,14 @@ impl Registry {
                 .set_data(&self.forever_path(&child), &self.data(id, now, 0), None)
                 .await?;
             if self.claim_alive(client, id, None).await? == Claim::Claimed {
+                // A sequence number ZooKeeper never gave before, as far as it remembers: after
+                // a wipe or a restore it gives the same numbers again, while the nodes that
+                // hold them in the lost state issue until their lease without a report ends.
+                // So the first ID waits a whole lease (the cost of every new registration).
                 return Ok(Registered {
                     id,
                     child,
-                    floor_ms: 0,
+                    floor_ms: now + self.cfg.lease_ms,
                 });
             }
         }

@@ -1,0 +1,193 @@
+"""A coordinator's store loses its data under load, on the real binary: no snowflake ID and no
+(millisecond, worker id) pair is issued by two nodes.
+
+Each run: a private ZooKeeper or etcd (scripts/zookeeper.sh, scripts/etcd.sh), two nodes a and
+b holding both worker ids of a 1-bit layout under pipelined SNOWFLAKE load; the store SIGKILLed,
+its data directory emptied and started again on the same port (a rebuilt member, a restore from
+nothing); a third node c started at once, loaded as soon as it answers. With --partition (etcd),
+a and b reach etcd through a proxy that is frozen from before the wipe until after c serves.
+Every ID of every node is collected. Afterwards both worker ids must serve again by themselves
+(a and b claimed theirs again, or c holds one of them; a start of c that finds both held is
+refused, which is right); ZooKeeper's a and b may take theirs back at once, as each held its id
+alone; any other claimant waits a whole lease.
+
+    python3 tests/reliability/store_wipe.py LEAFD_BIN zookeeper|etcd [--runs N] [--partition]
+"""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import leafd  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EPOCH_MS = 1288834974657
+SEQUENCE_BITS, WORKER_BITS = 21, 1
+LEASE_MS = 6000
+
+
+def pair_of(snowflake_id):
+    """(millisecond, worker id) of an ID of the 1-bit layout."""
+    return (snowflake_id >> (WORKER_BITS + SEQUENCE_BITS),
+            (snowflake_id >> SEQUENCE_BITS) & ((1 << WORKER_BITS) - 1))
+
+
+class Store:
+    """A private ZooKeeper or etcd in `directory`, wiped and started again on its port."""
+
+    def __init__(self, kind, directory):
+        self.kind, self.dir = kind, directory
+        self.script = os.path.join(ROOT, "scripts", f"{kind}.sh")
+        self.address = self._run("start", self.dir)
+        self.port = self.address.rsplit(":", 1)[1]
+
+    def _run(self, *args):
+        out = subprocess.run([self.script, *args], check=True, capture_output=True, text=True,
+                             timeout=120)
+        return out.stdout.strip()
+
+    def wipe(self):
+        """SIGKILL (ZooKeeper) or SIGTERM (etcd's script), empty the data, start again."""
+        pid_file = os.path.join(self.dir, "pid")
+        if self.kind == "zookeeper" and os.path.exists(pid_file):
+            with open(pid_file) as f:
+                pid = int(f.read())
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+            os.remove(pid_file)
+        else:
+            self._run("stop", self.dir)
+        shutil.rmtree(os.path.join(self.dir, "data"))
+        self._run("start", self.dir, self.port)
+
+    def stop(self):
+        self._run("stop", self.dir)
+
+
+def start_node(binary, work, name, kind, address, cluster):
+    snowflake = {"coordinator": kind, "worker_id_bits": WORKER_BITS, "sequence_bits": SEQUENCE_BITS,
+                 "timestamp_bits": 63 - WORKER_BITS - SEQUENCE_BITS, "max_start_wait_ms": 10000}
+    config = {"http": {"enabled": False}, "snowflake": snowflake}
+    if kind == "zookeeper":
+        config["snowflake.zookeeper"] = {"connect": address, "cluster": cluster,
+                                         "session_timeout_ms": 2000, "report_interval_ms": 500,
+                                         "lease_ms": LEASE_MS, "advertise": f"10.98.0.{len(name)}:{6380 + ord(name[0])}",
+                                         "cache_file": f"{work}/{name}/worker.json"}
+    else:
+        config["snowflake.etcd"] = {"endpoints": [address], "cluster": cluster,
+                                    "lease_ms": LEASE_MS, "request_timeout_ms": 500}
+    node = leafd.Node(binary, work, name, f"sqlite://{work}/{name}/leafd.db", config=config,
+                      http_bind=None)
+    return node.start()
+
+
+def loader(node):
+    return leafd.Loader(node, f"{node.name}-load", None, lambda: [(leafd.SNOWFLAKE, 200)] * 5,
+                        threading.Event(), timeout=30, pause_after_error=0.05)
+
+
+def one_run(binary, kind, partition, run):
+    started = time.monotonic()
+    work = tempfile.mkdtemp(prefix=f"leafd-wipe-{kind}-")
+    store = Store(kind, os.path.join(work, "store"))
+    cluster = f"wipe-{os.getpid()}-{run}"
+    proxy = None
+    nodes, loaders, failures = [], [], []
+    try:
+        address = store.address
+        if partition:
+            host, port = address.replace("http://", "").rsplit(":", 1)
+            proxy = leafd.TcpProxy((host, int(port)), "ab-to-etcd")
+            address = f"http://127.0.0.1:{proxy.port}"
+        a = start_node(binary, work, "a", kind, address, cluster).wait_ready(30)
+        b = start_node(binary, work, "b", kind, address, cluster).wait_ready(30)
+        nodes += [a, b]
+        loaders += [loader(a), loader(b)]
+        for each in loaders:
+            each.start()
+        time.sleep(1.0)
+        if proxy:
+            proxy.pause()
+        store.wipe()
+        wiped, wiped_ms = time.monotonic(), int(time.time() * 1000)
+        c = start_node(binary, work, "c", kind, store.address, cluster)
+        nodes.append(c)
+        ready = c.wait_ready(30, allow_exit=True)
+        ready_after = time.monotonic() - wiped
+        if ready is None:
+            refusal = c.log_tail()
+            if "no free worker id" not in refusal:
+                failures.append(f"c exited: {refusal}")
+            ready_after = None
+        else:
+            loaders.append(loader(c))
+            loaders[-1].start()
+        time.sleep(2.0)
+        if proxy:
+            proxy.resume()
+        time.sleep(4.0)
+        for each in loaders:
+            each.stop_event.set()
+        for each in loaders:
+            each.join(40)
+        issuer, repeats, shared = {}, 0, 0
+        pairs = {}
+        for each in loaders:
+            for i in each.snowflakes:
+                if i in issuer:
+                    repeats += 1
+                issuer[i] = each.node.name
+                owner = pairs.setdefault(pair_of(i), each.node.name)
+                if owner != each.node.name:
+                    shared += 1
+        counts = {each.node.name: len(each.snowflakes) for each in loaders}
+        late = (wiped_ms + LEASE_MS + 1000 - EPOCH_MS)
+        serving = sorted({each.node.name for each in loaders
+                          if any((i >> (WORKER_BITS + SEQUENCE_BITS)) > late for i in each.snowflakes)})
+        c_text = ("refused: both ids held again" if ready_after is None
+                  else f"answered {ready_after:.1f} s after the wipe")
+        print(f"  {kind} run {run + 1}{' (a and b partitioned)' if partition else ''}: IDs "
+              f"{counts}, c {c_text}; serving a lease after the wipe: {serving}; repeated IDs "
+              f"{repeats}, (ms, worker id) pairs issued by two nodes {shared}", flush=True)
+        if repeats:
+            failures.append(f"{repeats} repeated IDs")
+        if shared:
+            failures.append(f"{shared} (ms, worker id) pairs issued by two nodes")
+        if len(serving) < 2:
+            failures.append(f"only {serving} issued again a lease after the wipe")
+    finally:
+        for each in loaders:
+            each.stop_event.set()
+        leafd.stop_all(nodes)
+        if proxy:
+            proxy.close()
+        store.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    leafd.print_outcome(f"store_wipe {kind} run {run + 1}", failures, started)
+    return not failures
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("binary")
+    parser.add_argument("kind", choices=("zookeeper", "etcd"))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--partition", action="store_true")
+    args = parser.parse_args()
+    ok = all([one_run(os.path.abspath(args.binary), args.kind, args.partition, run)
+              for run in range(args.runs)])
+    sys.exit(0 if ok else 1)
+
+
+main()
