@@ -194,6 +194,13 @@ async fn a_changed_rule_hands_out_nothing(url: &str) {
     let other_digits = with(|t| t.sequence_digits = 3).await;
     let monthly = with(|t| t.period = Some(Period::Monthly)).await;
     let plain = with(|t| *t = TagSeed::new("ord", 10)).await;
+    let strict = with(|t| {
+        *t = TagSeed {
+            order: leafd::config::TagOrder::Strict,
+            ..TagSeed::new("ord", 10)
+        }
+    })
+    .await;
     for (node, refusal) in [
         (
             &other_digits,
@@ -207,17 +214,21 @@ async fn a_changed_rule_hands_out_nothing(url: &str) {
             &plain,
             "hands out period IDs (period:daily:4:Asia/Shanghai:ORD) and this node has no period configured",
         ),
+        (
+            &strict,
+            "hands out period IDs (period:daily:4:Asia/Shanghai:ORD) and this node has no period configured",
+        ),
     ] {
-        let error = incrby(&mut node.client().await, 1)
-            .await
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains(refusal), "{error}");
+        let mut con = node.client().await;
+        for n in [1, 1000] {
+            let error = incrby(&mut con, n).await.unwrap_err().to_string();
+            assert!(error.contains(refusal), "{error}");
+        }
     }
-    // The first rule's node goes on above every position the others took.
-    let next = incrby(&mut ca, 1).await.unwrap();
-    assert!(next > 202612040002 && next < 202612050000, "{next}");
-    for server in [a, other_digits, monthly, plain] {
+    // The refused nodes moved nothing (their allocations and raises are refused by the
+    // database before the row moves): the first rule's node goes on with the next number.
+    assert_eq!(incrby(&mut ca, 1).await.unwrap(), 202612040003);
+    for server in [a, other_digits, monthly, plain, strict] {
         server.stop().await;
     }
 }

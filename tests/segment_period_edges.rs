@@ -181,6 +181,10 @@ async fn admin_commands_on_a_period_tag(url: &str) {
     admin::<i64>(&mut cb, &["SKIP", "ord", "50000"])
         .await
         .unwrap();
+    // Any amount, up to the last i64: the rest of the period on every database.
+    admin::<i64>(&mut ca, &["SKIP", "ord", "9223372036854775807"])
+        .await
+        .unwrap();
     let refused = incrby(&mut ca, "ord", 1).await.unwrap_err();
     assert!(
         refused.contains("period 20261205 has used all its 9999"),

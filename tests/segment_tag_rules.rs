@@ -217,6 +217,76 @@ async fn rules_created_at_run_time(url: &str) {
     }
 }
 
+/// A rolling change of a trend tag to a period tag: a node that lists the tag with the period
+/// restarts first; a node that does not list it serves what its buffer holds, then its next
+/// load is refused by the database before the row moves (a trend load once moved the row two
+/// days ahead) and it follows the row's period record. No date other than today's appears.
+async fn a_rolling_change_to_a_period(url: &str) {
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(NOON_MS));
+    let a = node(url, vec![TagSeed::new("r", 1000)], clock.clone()).await;
+    let b = node(url, vec![], clock.clone()).await;
+    let mut cb = b.client().await;
+    assert_eq!(incr(&mut a.client().await, "r").await, Ok(1));
+    assert!(incr(&mut cb, "r").await.unwrap() > 1);
+    a.stop().await;
+    let daily = TagSeed {
+        period: Some(leafd::config::Period::Daily),
+        time_zone: "Asia/Shanghai".into(),
+        sequence_digits: 2,
+        ..TagSeed::new("r", 1000)
+    };
+    let a = node(url, vec![daily], clock.clone()).await;
+    let mut ca = a.client().await;
+    assert_eq!(incr(&mut ca, "r").await, Ok(2026120501));
+    let mut period_ids = vec![2026120501];
+    let mut refusals = 0;
+    for _ in 0..3000 {
+        match incr(&mut cb, "r").await {
+            Ok(id) if id >= 2026120500 => {
+                period_ids.push(id);
+                break;
+            }
+            Ok(id) => assert!(id < 1_000_000, "b's buffered trend ID {id}"),
+            Err(e) => {
+                assert!(
+                    e.contains("IDs refused: tag 'r' hands out period IDs"),
+                    "{e}"
+                );
+                refusals += 1;
+            }
+        }
+    }
+    assert!(refusals <= 1, "{refusals} refusals");
+    period_ids.push(incr(&mut ca, "r").await.unwrap());
+    assert_eq!(period_ids, vec![2026120501, 2026120502, 2026120503]);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_rolling_change_to_a_period() {
+    let dir = tempfile::tempdir().unwrap();
+    a_rolling_change_to_a_period(&format!("sqlite://{}", dir.path().join("l.db").display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_rolling_change_to_a_period() {
+    let test = "mysql_a_rolling_change_to_a_period";
+    let Some(url) = Backend::MySql.fresh_database(test).await else {
+        return;
+    };
+    a_rolling_change_to_a_period(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_rolling_change_to_a_period() {
+    let test = "postgres_a_rolling_change_to_a_period";
+    let Some(url) = Backend::Postgres.fresh_database(test).await else {
+        return;
+    };
+    a_rolling_change_to_a_period(&url).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_trend_node_beside_strict_nodes() {
     let dir = tempfile::tempdir().unwrap();

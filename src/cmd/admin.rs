@@ -176,7 +176,11 @@ async fn create(tag: &str, mut cursor: ArgCursor<'_>, ctx: &Arc<Context>) -> Rep
         let Some(value) = pair.get(1) else {
             return Reply::error(format!("ERR {} needs a value", lossy(pair[0])));
         };
-        if fields[slot].replace(lossy(value).to_string()).is_some() {
+        // The value whole (lossy() shortens what an error message quotes).
+        let Ok(value) = std::str::from_utf8(value) else {
+            return Reply::error(format!("ERR {} must be text", lossy(pair[0])));
+        };
+        if fields[slot].replace(value.to_string()).is_some() {
             return Reply::error(format!("ERR {} is given twice", lossy(pair[0])));
         }
     }

@@ -279,9 +279,10 @@ impl SegmentConfig {
                 "{what}: a period tag's sequence starts at 1 each period; remove start"
             ));
         }
-        if seed.prefix.chars().any(|c| !c.is_ascii_graphic()) {
+        // 64: the row records the prefix with the rule, in a column of 255 characters.
+        if seed.prefix.chars().any(|c| !c.is_ascii_graphic()) || seed.prefix.len() > 64 {
             return Err(format!(
-                "{what}: prefix must be printable ASCII without spaces"
+                "{what}: prefix must be printable ASCII without spaces, at most 64 characters"
             ));
         }
         Ok(())

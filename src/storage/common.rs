@@ -114,10 +114,37 @@ macro_rules! sql_segment_store {
             .await
         }
 
-        async fn raise(&self, tag: &str, floor: i64) -> Result<i64, $crate::storage::StoreError> {
-            let move_up = &$crate::storage::common::move_up_sql($p);
+        async fn raise(
+            &self,
+            tag: &str,
+            floor: i64,
+            marker: &str,
+        ) -> Result<i64, $crate::storage::StoreError> {
+            let (guarded, read) = &$crate::storage::common::raise_sql($p);
+            let like = format!("{marker}:%");
+            let like = &like;
             $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                $crate::storage::common::move_up!(tx, move_up, tag, floor)
+                sqlx::query(guarded)
+                    .bind(floor)
+                    .bind(floor)
+                    .bind(floor)
+                    .bind(floor)
+                    .bind(tag)
+                    .bind(marker)
+                    .bind(like)
+                    .execute(&mut *tx)
+                    .await?;
+                let row: Option<(i64, Option<String>)> =
+                    sqlx::query_as(read).bind(tag).fetch_optional(&mut *tx).await?;
+                let Some((max_id, split)) = row else {
+                    return Err($crate::storage::StoreError::UnknownTag(tag.to_string()));
+                };
+                if let Some(refused) =
+                    $crate::storage::refused_rule(tag, split.as_deref(), Some(marker))
+                {
+                    return Err(refused);
+                }
+                Ok((tx, max_id))
             })
             .await
         }
@@ -189,6 +216,21 @@ pub(crate) fn move_up_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> [String; 2
         ),
         format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = {}", p(1)),
     ]
+}
+
+/// [`move_up_sql`] for a period tag entering a period under the rule bound 6th (and, with
+/// `:%` appended, 7th): a row that records another period rule is not moved. The read returns
+/// `max_id` and `split`, so the caller can tell.
+pub(crate) fn raise_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> (String, String) {
+    let [update, _] = move_up_sql(p);
+    (
+        format!(
+            "{update} AND (split IS NULL OR split NOT LIKE 'period:%' OR split = {} OR split LIKE {})",
+            p(6),
+            p(7)
+        ),
+        format!("SELECT max_id, split FROM leaf_alloc WHERE biz_tag = {}", p(1)),
+    )
 }
 
 /// Runs [`move_up_sql`] in `$tx`; evaluates to the `(tx, max_id)` a `committed` body returns.

@@ -70,8 +70,8 @@ impl SegmentStore for DeferredStore {
         self.store()?.resplit(tag, split, start).await
     }
 
-    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError> {
-        self.store()?.raise(tag, floor).await
+    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
+        self.store()?.raise(tag, floor, marker).await
     }
 
     async fn claim_opaque(

@@ -149,6 +149,7 @@ mod tests {
             step: None,
             failover_margin: margin,
             window,
+            period_rule: None,
         };
         assert_eq!(
             plan("t", 2001, Some(2001), 9, None, "a", &grant(0)).unwrap(),

@@ -31,6 +31,7 @@ macro_rules! locked_segment_store {
                 tag: &str,
                 grant: $crate::storage::Grant,
             ) -> Result<$crate::storage::LeafAlloc, $crate::storage::StoreError> {
+                let grant = &grant;
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                     let current = $instance(&mut *tx).await?;
                     let rows = sqlx::query($lock).bind(tag).fetch_all(&mut *tx).await?;
@@ -38,6 +39,13 @@ macro_rules! locked_segment_store {
                         return Err($crate::storage::StoreError::UnknownTag(tag.to_string()));
                     };
                     let mut alloc = $row(row)?;
+                    if let Some(refused) = $crate::storage::refused_rule(
+                        tag,
+                        alloc.split.as_deref(),
+                        grant.period_rule.as_deref(),
+                    ) {
+                        return Err(refused);
+                    }
                     let writer: Option<String> = sqlx::Row::try_get(row, "writer")?;
                     let exclusive_max: Option<i64> = sqlx::Row::try_get(row, "exclusive_max")?;
                     let (first, max_id, skip) = $crate::storage::failover::plan(
@@ -47,7 +55,7 @@ macro_rules! locked_segment_store {
                         grant.step.unwrap_or(alloc.step),
                         writer.as_deref(),
                         &current,
-                        &grant,
+                        grant,
                     )?;
                     sqlx::query($advance)
                         .bind(max_id)

@@ -42,6 +42,11 @@ impl SegmentStore for MemoryStore {
         let row = rows
             .get_mut(tag)
             .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        if let Some(refused) =
+            super::refused_rule(tag, row.split.as_deref(), grant.period_rule.as_deref())
+        {
+            return Err(refused);
+        }
         // Every row here is written by leafd alone: each range starts at the last max_id.
         let first = row.max_id;
         let max_id = first
@@ -119,11 +124,14 @@ impl SegmentStore for MemoryStore {
         Ok(row.max_id)
     }
 
-    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError> {
+    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
         let mut rows = self.rows();
         let row = rows
             .get_mut(tag)
             .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        if let Some(refused) = super::refused_rule(tag, row.split.as_deref(), Some(marker)) {
+            return Err(refused);
+        }
         row.max_id = row.max_id.max(floor);
         Ok(row.max_id)
     }

@@ -60,8 +60,30 @@ pub struct NewTag {
     pub max_tags: usize,
 }
 
+/// How a period tag's rule begins in its row's `split` column (`period:daily:6…`).
+pub const PERIOD_RECORD: &str = "period:";
+
+/// Whether the rule a row records (`period:daily:6`, or with the time zone and prefix after
+/// it) is the period rule `marker` names: the calendar and digits decide which ID a position is.
+pub fn same_rule(recorded: &str, marker: &str) -> bool {
+    recorded
+        .strip_prefix(marker)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'))
+}
+
+/// Whether a row recording `recorded` (its `split` column) may be moved by an allocation or a
+/// raise under the period rule `marker` (`None`: the caller applies none). A row that records a
+/// period is moved only under that period's rule: under any other, its positions would be read
+/// as other IDs, and a move would put later dates in every node's IDs.
+pub fn rule_admits(recorded: Option<&str>, marker: Option<&str>) -> bool {
+    match recorded {
+        Some(r) if r.starts_with(PERIOD_RECORD) => marker.is_some_and(|m| same_rule(r, m)),
+        _ => true,
+    }
+}
+
 /// What one allocation asks of a row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Grant {
     /// IDs to grant; `None`: the row's own step.
     pub step: Option<i64>,
@@ -70,15 +92,19 @@ pub struct Grant {
     /// The window the granted range must stay inside (a period tag's numbers); `None`: the
     /// whole ID space.
     pub window: Option<Window>,
+    /// The period rule the caller applies (`period:daily:6`), checked against the row's record
+    /// before anything moves ([`rule_admits`]).
+    pub period_rule: Option<Arc<str>>,
 }
 
 impl Grant {
-    /// The row's own step, over the whole ID space.
+    /// The row's own step, over the whole ID space, under no period rule.
     pub fn step(step: Option<i64>, failover_margin: i64) -> Grant {
         Grant {
             step,
             failover_margin,
             window: None,
+            period_rule: None,
         }
     }
 }
@@ -142,6 +168,14 @@ pub enum StoreError {
     /// is the row's, `left` the positions the window still had for a grant.
     #[error("tag '{tag}': only {left} IDs are left before the end of the window at {max_id}")]
     PastEnd { tag: String, max_id: i64, left: i64 },
+    /// The row records a period rule the caller does not apply ([`rule_admits`]); the row was
+    /// left as it was.
+    #[error("{}", rule_refusal(.tag, .recorded, .mine.as_deref()))]
+    RuleMismatch {
+        tag: String,
+        recorded: String,
+        mine: Option<String>,
+    },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     /// A write (its statements or its commit) failed: nothing of it took effect, and nothing a
@@ -165,6 +199,18 @@ pub enum StoreError {
     /// The node's segment marks exist but none can be read: the message says what to do.
     #[error("{0}")]
     MarksUnreadable(String),
+}
+
+/// The refusal of a node whose period rule is not the one the row records.
+fn rule_refusal(tag: &str, recorded: &str, mine: Option<&str>) -> String {
+    match mine {
+        None => format!(
+            "IDs refused: tag '{tag}' hands out period IDs ({recorded}) and this node has no period configured for it; its positions are not IDs"
+        ),
+        Some(mine) => format!(
+            "IDs refused: tag '{tag}' records the period rule {recorded} and this node's is {mine}; a node with another rule would repeat or misorder IDs; configure the tag as its row records it, or use a new tag"
+        ),
+    }
 }
 
 impl StoreError {
@@ -299,8 +345,10 @@ pub trait SegmentStore: Send + Sync + 'static {
     async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError>;
 
     /// Moves the tag's `max_id` up to `floor` when it is below, so the next allocation starts
-    /// exactly there (a period tag entering a new period); returns the `max_id` after.
-    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError>;
+    /// exactly there (a period tag entering a new period under the period rule `marker`);
+    /// returns the `max_id` after. A row that records another period rule is left as it was
+    /// ([`StoreError::RuleMismatch`]).
+    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError>;
 
     /// Records `marker` as the key under which the tag hands out opaque IDs, unless it has one
     /// already or its `max_id` has reached `below` (plain IDs served into the opaque range);
@@ -420,19 +468,39 @@ fn insert_error(err: sqlx::Error, tag: &str) -> StoreError {
     }
 }
 
+/// A row's `max_id`, `exclusive_max`, `step` and `split`, as read after a guarded UPDATE.
+type AllocRow = (i64, Option<i64>, i64, Option<String>);
+
+/// The refusal when a row recording `recorded` may not be moved under the period rule
+/// `marker` ([`rule_admits`]).
+pub(crate) fn refused_rule(
+    tag: &str,
+    recorded: Option<&str>,
+    marker: Option<&str>,
+) -> Option<StoreError> {
+    (!rule_admits(recorded, marker)).then(|| StoreError::RuleMismatch {
+        tag: tag.to_string(),
+        recorded: recorded.unwrap_or_default().to_string(),
+        mine: marker.map(str::to_string),
+    })
+}
+
 /// Why a guarded UPDATE changed no row, from the row read after it (`max_id`, `exclusive_max`,
 /// `step`): the tag is missing, the grant would cross its window's end, or it is at the end of
 /// its space.
-fn not_allocated(row: Option<(i64, Option<i64>, i64)>, tag: &str, grant: &Grant) -> StoreError {
-    let Some((max_id, exclusive_max, step)) = row else {
+fn not_allocated(row: Option<AllocRow>, tag: &str, grant: &Grant) -> StoreError {
+    let Some((max_id, exclusive_max, step, split)) = row else {
         return StoreError::UnknownTag(tag.to_string());
     };
+    if let Some(refused) = refused_rule(tag, split.as_deref(), grant.period_rule.as_deref()) {
+        return refused;
+    }
     let base = max_id.saturating_add(i64::from(exclusive_max != Some(max_id)));
     match grant.window {
         Some(window)
             if base
                 .checked_add(grant.step.unwrap_or(step))
-                .is_some_and(|end| end > window.end_of(base)) =>
+                .is_none_or(|end| end > window.end_of(base)) =>
         {
             StoreError::PastEnd {
                 tag: tag.to_string(),

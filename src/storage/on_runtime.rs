@@ -82,9 +82,9 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
             .await
     }
 
-    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError> {
-        let tag = tag.to_string();
-        self.run(|s| async move { s.raise(&tag, floor).await })
+    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
+        let (tag, marker) = (tag.to_string(), marker.to_string());
+        self.run(|s| async move { s.raise(&tag, floor, &marker).await })
             .await
     }
 

@@ -2,10 +2,12 @@
 //! statements and the same handling, differing only in the SQL text a dialect passes in.
 
 /// Implements [`super::SegmentStore`] for a store with a `pool` field. The SQL texts bind, in
-/// order: `allocate` the step (`Option<i64>`), the tag, then the window's span and usable
-/// positions (both `NULL` without a window), returning `biz_tag, max_id, step,
+/// order: `allocate` the step (`Option<i64>`), the tag, the window's span and usable
+/// positions (both `NULL` without a window) and the caller's period rule (`NULL`: none; a row
+/// recording a period is moved only under it), returning `biz_tag, max_id, step,
 /// description, opaque, split` (and setting `exclusive_max` to the new `max_id`: see
-/// [`super::SegmentStore::allocate`]); `exists` the tag; `insert` tag, start (its `max_id` and
+/// [`super::SegmentStore::allocate`]); `exists` the tag, selecting its `max_id`,
+/// `exclusive_max`, `step` and `split`; `insert` tag, start (its `max_id` and
 /// `exclusive_max`), step, description, split; `set_step` step then tag. `$row` maps a returned row to a [`super::LeafAlloc`].
 macro_rules! returning_segment_store {
     (
@@ -33,6 +35,8 @@ macro_rules! returning_segment_store {
             ) -> Result<$crate::storage::LeafAlloc, $crate::storage::StoreError> {
                 let step = grant.step;
                 let window = grant.window;
+                let rule = grant.period_rule.clone();
+                let grant = &grant;
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                     // fetch_all steps the statement to its end, where its changes are written.
                     let rows = sqlx::query($allocate)
@@ -40,6 +44,7 @@ macro_rules! returning_segment_store {
                         .bind(tag)
                         .bind(window.map(|w| w.span))
                         .bind(window.map(|w| w.usable))
+                        .bind(rule.as_deref())
                         .fetch_all(&mut *tx)
                         .await?;
                     match rows.first() {
@@ -49,9 +54,8 @@ macro_rules! returning_segment_store {
                             Ok((tx, alloc))
                         }
                         None => {
-                            let row: Option<(i64, Option<i64>, i64)> =
-                                sqlx::query_as($exists).bind(tag).fetch_optional(&mut *tx).await?;
-                            Err($crate::storage::not_allocated(row, tag, &grant))
+                            let row = sqlx::query_as($exists).bind(tag).fetch_optional(&mut *tx).await?;
+                            Err($crate::storage::not_allocated(row, tag, grant))
                         }
                     }
                 })

@@ -114,8 +114,9 @@ super::returning::returning_segment_store!(
                WHERE biz_tag = ?2 AND max_id <= 9223372036854775806 - COALESCE(?1, step) \
                AND (?3 IS NULL OR (max_id + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END) % ?3 \
                    + COALESCE(?1, step) <= ?4) \
+               AND (split IS NULL OR split NOT LIKE 'period:%' OR split = ?5 OR split LIKE ?5 || ':%') \
                RETURNING biz_tag, max_id, step, description, opaque, split",
-    exists: "SELECT max_id, exclusive_max, step FROM leaf_alloc WHERE biz_tag = ?1",
+    exists: "SELECT max_id, exclusive_max, step, split FROM leaf_alloc WHERE biz_tag = ?1",
     insert: "INSERT INTO leaf_alloc (biz_tag, max_id, exclusive_max, step, description, split) \
              VALUES (?1, ?2, ?2, ?3, ?4, ?5)",
     set_step: "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2",

@@ -353,9 +353,9 @@ impl SegmentStore for FlakyStore {
         self.gate().await?;
         self.inner.resplit(tag, split, start).await
     }
-    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError> {
+    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
         self.gate().await?;
-        self.inner.raise(tag, floor).await
+        self.inner.raise(tag, floor, marker).await
     }
     async fn claim_opaque(
         &self,

@@ -138,6 +138,10 @@ impl LoadFailure {
         match err {
             StoreError::UnknownTag(_) => LoadFailure::UnknownTag,
             StoreError::Exhausted(_) => LoadFailure::Exhausted,
+            // Its text is the refusal itself (`IDs refused: …`), not a database failure.
+            refused @ StoreError::RuleMismatch { .. } => {
+                LoadFailure::Unavailable(refused.to_string().into())
+            }
             other => LoadFailure::Unavailable(store_reason(other).into()),
         }
     }

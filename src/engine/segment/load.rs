@@ -177,8 +177,27 @@ impl SegmentEngine {
             step,
             failover_margin: self.settings.failover_margin,
             window: buffer.period.as_ref().map(|rule| rule.window()),
+            period_rule: buffer.period.as_ref().map(|rule| rule.marker().into()),
         };
-        let alloc = self.allocate_retrying(&buffer.name, grant).await?;
+        let alloc = match self.allocate_retrying(&buffer.name, grant).await {
+            // Refused before anything moved: the row records another period rule. A node
+            // that serves the tag by its row's record follows it from the next request on.
+            Err(StoreError::RuleMismatch {
+                tag,
+                recorded,
+                mine,
+            }) => {
+                if !buffer.serves_record(Some(&recorded)) {
+                    self.rebuild_tag(&buffer.name, Some(&recorded));
+                }
+                return Err(StoreError::RuleMismatch {
+                    tag,
+                    recorded,
+                    mine,
+                });
+            }
+            other => other?,
+        };
         self.note_failover(&buffer.name, &alloc);
         if let Err(refused) = opaque_range_check(buffer, &alloc) {
             return Ok(Err(refused));
@@ -218,7 +237,7 @@ impl SegmentEngine {
         let deadline = tokio::time::Instant::now() + self.settings.load_timeout;
         let mut pause = Duration::from_millis(10);
         loop {
-            match self.store.allocate(tag, grant).await {
+            match self.store.allocate(tag, grant.clone()).await {
                 Err(e) if e.is_transient() && tokio::time::Instant::now() + pause < deadline => {
                     tracing::debug!(tag, error = %e, "allocation failed; retrying");
                     tokio::time::sleep(pause).await;

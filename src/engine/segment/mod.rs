@@ -83,6 +83,10 @@ impl From<StoreError> for SegmentError {
     }
 }
 
+/// Longest prefix of a period tag's string form: its row records the prefix with the rule, in
+/// a column of 255 characters.
+pub const MAX_PREFIX_LEN: usize = 64;
+
 /// How a tag's IDs are ordered, as this node serves it: its configuration's rule, or for a tag
 /// it does not configure, the rule the tag's row records.
 #[derive(Debug, Clone)]
@@ -150,8 +154,10 @@ impl TagRule {
             ));
         }
         let prefix = prefix.unwrap_or("");
-        if prefix.chars().any(|c| !c.is_ascii_graphic()) {
-            return Err("PREFIX must be printable ASCII without spaces".into());
+        if prefix.chars().any(|c| !c.is_ascii_graphic()) || prefix.len() > MAX_PREFIX_LEN {
+            return Err(format!(
+                "PREFIX must be printable ASCII without spaces, at most {MAX_PREFIX_LEN} characters"
+            ));
         }
         let rule = PeriodRule::new(calendar, zone, zone_name, digits, prefix);
         Ok(TagRule::Period(Arc::new(rule)))

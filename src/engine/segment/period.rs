@@ -12,7 +12,7 @@ use jiff::tz::TimeZone;
 use jiff::Timestamp;
 
 /// How a period rule's record in the row begins (see [`PeriodRule::marker`]).
-pub const PERIOD_MARKER: &str = "period:";
+pub const PERIOD_MARKER: &str = crate::storage::PERIOD_RECORD;
 
 /// The allocation window of the period rule a row records (`period:daily:4`), whatever this
 /// node's configuration says; `None` for a row that records no period.
@@ -24,6 +24,15 @@ pub fn window_of_marker(recorded: Option<&str>) -> Option<crate::storage::Window
         span: scale.checked_mul(10)?,
         usable: scale,
     })
+}
+
+/// The part of a row's period record that decides what a position means
+/// (`period:daily:6` of `period:daily:6:Asia/Shanghai:ORD`); `None` for a row without one.
+pub fn marker_of_record(recorded: Option<&str>) -> Option<String> {
+    let rule = recorded?.strip_prefix(PERIOD_MARKER)?;
+    let mut parts = rule.split(':');
+    let (calendar, digits) = (parts.next()?, parts.next()?);
+    Some(format!("{PERIOD_MARKER}{calendar}:{digits}"))
 }
 
 /// The calendar unit a period tag's sequence restarts on.
@@ -66,13 +75,7 @@ impl Calendar {
     }
 }
 
-/// Whether the rule a row records (`period:daily:4`, or with the time zone and prefix after
-/// it) is the rule `marker` names: the calendar and digits decide which ID a position is.
-pub fn same_rule(recorded: &str, marker: &str) -> bool {
-    recorded
-        .strip_prefix(marker)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'))
-}
+pub use crate::storage::same_rule;
 
 /// How one period tag turns positions of its row into IDs.
 #[derive(Debug)]

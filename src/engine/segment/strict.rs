@@ -177,13 +177,14 @@ impl SegmentEngine {
             if waiting.n <= room {
                 room -= waiting.n;
                 fit.push(waiting);
-            } else if left == 0 {
+            } else if room == 0 {
                 let _ = waiting.reply.send(Err(self.period_used_up(buffer, max_id)));
             } else {
+                // What is left after the requests before it in the batch.
                 let _ = waiting.reply.send(Err(SegmentError::PeriodShort {
                     tag: buffer.name.to_string(),
                     period,
-                    left,
+                    left: room,
                     asked: waiting.n,
                 }));
             }
@@ -238,7 +239,10 @@ impl SegmentEngine {
             return Ok(());
         }
         let floor = rule.first_position(now);
-        match super::tags::retry_conflicts(|| self.store.raise(&buffer.name, floor)).await {
+        let marker = rule.marker();
+        let raised =
+            super::tags::retry_conflicts(|| self.store.raise(&buffer.name, floor, &marker)).await;
+        match raised {
             Ok(max_id) => {
                 let mut st = buffer.lock();
                 st.max_id = st.max_id.max(max_id);

@@ -266,10 +266,16 @@ impl SegmentEngine {
             ));
         }
         let margin = self.settings.failover_margin;
-        let configured = self.settings.period.get(tag).map(|rule| rule.window());
-        let Some(window) = super::period::window_of_marker(recorded).or(configured) else {
+        // The row's rule, else (a row no period node has recorded yet) this node's.
+        let configured = self.settings.period.get(tag);
+        let rule: Option<std::sync::Arc<str>> = super::period::marker_of_record(recorded)
+            .or_else(|| configured.map(|rule| rule.marker()))
+            .map(Into::into);
+        let window = super::period::window_of_marker(recorded)
+            .or_else(|| configured.map(|rule| rule.window()));
+        let Some(window) = window else {
             let grant = crate::storage::Grant::step(Some(n), margin);
-            let alloc = retry_conflicts(|| self.store.allocate(tag, grant)).await?;
+            let alloc = retry_conflicts(|| self.store.allocate(tag, grant.clone())).await?;
             return Ok(self.skipped(tag, n, alloc));
         };
         // This node's period first, when it serves the tag with a period: the numbers a
@@ -277,7 +283,8 @@ impl SegmentEngine {
         let known = self.tags.load().get(tag.as_bytes()).cloned();
         if let Some(rule) = known.as_ref().and_then(|b| b.period.clone()) {
             let floor = rule.first_position(rule.period_at(self.clock.now_millis()));
-            retry_conflicts(|| self.store.raise(tag, floor)).await?;
+            let marker = rule.marker();
+            retry_conflicts(|| self.store.raise(tag, floor, &marker)).await?;
         }
         let mut wanted = n;
         for _ in 0..4 {
@@ -285,8 +292,9 @@ impl SegmentEngine {
                 step: Some(wanted),
                 failover_margin: margin,
                 window: Some(window),
+                period_rule: rule.clone(),
             };
-            match retry_conflicts(|| self.store.allocate(tag, grant)).await {
+            match retry_conflicts(|| self.store.allocate(tag, grant.clone())).await {
                 Ok(alloc) => return Ok(self.skipped(tag, wanted, alloc)),
                 // The period has fewer numbers left: all of them are skipped.
                 Err(StoreError::PastEnd { left, max_id, .. }) => {

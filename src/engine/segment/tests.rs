@@ -112,8 +112,9 @@ impl SegmentStore for SlowStore {
     ) -> Result<LeafAlloc, StoreError> {
         let mut gate = self.gate.clone();
         let _ = gate.wait_for(|open| *open).await;
+        let by_table_step = grant.step.is_none();
         let alloc = self.inner.allocate(tag, grant).await;
-        if self.late_table_steps && grant.step.is_none() {
+        if self.late_table_steps && by_table_step {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         alloc
@@ -135,8 +136,8 @@ impl SegmentStore for SlowStore {
     async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError> {
         self.inner.resplit(tag, split, start).await
     }
-    async fn raise(&self, tag: &str, floor: i64) -> Result<i64, StoreError> {
-        self.inner.raise(tag, floor).await
+    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
+        self.inner.raise(tag, floor, marker).await
     }
     async fn claim_opaque(
         &self,
