@@ -332,7 +332,7 @@ impl App {
         }
     }
 
-    /// Keeps trying to open the database (backing off up to 10 s) until it answers.
+    /// Keeps trying to open the database (backing off from 250 ms up to 1 s) until it answers.
     fn spawn_connector(self: &Arc<Self>, deferred: Arc<DeferredStore>) {
         let app = self.clone();
         tokio::spawn(async move {

@@ -388,7 +388,6 @@ impl SegmentEngine {
         Ok(moved)
     }
 
-    /// Changes the step stored for a tag; it applies from the tag's next load.
     /// The sequential ID behind an opaque ID of `tag` (the permutation inverted with the key).
     pub fn reveal(&self, tag: &str, id: i64) -> Result<i64, SegmentError> {
         let cipher = self.settings.opaque.get(tag).ok_or_else(|| {
@@ -403,6 +402,7 @@ impl SegmentEngine {
         })
     }
 
+    /// Changes the step stored for a tag; it applies from the tag's next load.
     pub async fn set_step(&self, tag: &str, step: i64) -> Result<(), SegmentError> {
         self.validate_step(step)?;
         Ok(retry_conflicts(|| self.store.set_step(tag, step)).await?)
