@@ -304,6 +304,28 @@ mod tests {
     }
 
     #[test]
+    fn secrets_in_a_url_query_are_redacted() {
+        let shown = |url: &str| {
+            let mut cfg = Config::default();
+            cfg.storage.url = url.into();
+            cfg.storage.redacted_url()
+        };
+        assert_eq!(
+            shown("postgres://u@db/leaf?password=s3cret&sslmode=require"),
+            "postgres://u@db/leaf?password=<redacted>&sslmode=require"
+        );
+        assert_eq!(
+            shown("postgres://u:pw@a,b/leaf?sslpassword=k&PASSWORD=x"),
+            "postgres://u:<redacted>@a,b/leaf?sslpassword=<redacted>&PASSWORD=<redacted>"
+        );
+        assert_eq!(
+            shown("mysql://root@db:3306/leaf?ssl-mode=disabled"),
+            "mysql://root@db:3306/leaf?ssl-mode=disabled"
+        );
+        assert_eq!(shown("sqlite://data/leafd.db"), "sqlite://data/leafd.db");
+    }
+
+    #[test]
     fn debug_output_hides_secrets() {
         let cfg = Config::from_toml(
             "[server]\nrequirepass = \"hunter2\"\n[storage]\nurl = \"mysql://root:s3cret@db:3306/leaf\"",

@@ -87,7 +87,38 @@ impl fmt::Debug for StorageConfig {
     }
 }
 
+/// The URL with every secret in it shown as `<redacted>`: the password of `user:password@`, and
+/// the value of every query parameter whose name says it is one (`password`, `sslpassword`,
+/// `passwd`, `pwd`, a `…secret…` or `…token…` key), wherever the URL is printed.
 fn redact_url_password(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let base = redact_userinfo(base);
+    let Some(query) = query else {
+        return base;
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if secret_key(key) => format!("{key}=<redacted>"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{base}?{}", query.join("&"))
+}
+
+/// Whether a URL query parameter carries a secret.
+fn secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "passwd", "secret", "token"]
+        .iter()
+        .any(|word| key.contains(word))
+        || key == "pwd"
+}
+
+fn redact_userinfo(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
     };
