@@ -454,10 +454,39 @@ async fn a_member_with_authentication_on() {
     if required_env("LEAFD_TEST_ETCD", "a_member_with_authentication_on").is_none() {
         return;
     }
+    authentication_on(PrivateEtcd::start_plain()).await;
+}
+
+/// The same with JWT tokens (`--auth-token jwt`, ES256): a token carries the auth store's
+/// revision, so any change of users or roles makes every token issued before it refused with
+/// 400 "revision of auth store is old"; the nodes replace theirs and go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_jwt_tokens() {
+    if required_env("LEAFD_TEST_ETCD", "a_member_with_jwt_tokens").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let (private, public) = (dir.path().join("jwt.key"), dir.path().join("jwt.pub"));
+    std::fs::write(&private, key.serialize_pem()).unwrap();
+    std::fs::write(&public, key.public_key_pem()).unwrap();
+    let token = format!(
+        "jwt,pub-key={},priv-key={},sign-method=ES256,ttl=10m",
+        public.display(),
+        private.display()
+    );
+    authentication_on(PrivateEtcd::spawn(
+        dir,
+        "http",
+        &["--auth-token".to_string(), token],
+    ))
+    .await;
+}
+
+async fn authentication_on(etcd: PrivateEtcd) {
     use base64::Engine;
     use serde_json::json;
     let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
-    let etcd = PrivateEtcd::start_plain();
     etcd.wait_ready().await;
     let cluster = unique_tag("etcd-auth");
     let prefix = format!("/leafd/snowflake/{cluster}/");
@@ -567,6 +596,32 @@ async fn a_member_with_authentication_on() {
         engine.next_ids(1000).await.unwrap().len(),
         1000,
         "still issuing"
+    );
+    // An unrelated user added: etcd's auth store moves on, and a token issued before is
+    // refused with 400 "revision of auth store is old" (not a 401): replaced all the same.
+    let root = etcd
+        .post(
+            "auth/authenticate",
+            json!({"name": "root", "password": "root-pw"}),
+            None,
+        )
+        .await["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let added = etcd
+        .post(
+            "auth/user/add",
+            json!({"name": "unrelated", "password": "x"}),
+            Some(&root),
+        )
+        .await;
+    assert!(added.get("error").is_none(), "{added}");
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    assert_eq!(
+        engine.next_ids(1000).await.unwrap().len(),
+        1000,
+        "still issuing after the user list changed"
     );
     let second = App::open(as_user(&states[4], Some(("leafd", "leafd-pw"))))
         .await

@@ -335,7 +335,7 @@ impl Coordinator for DatabaseCoordinator {
 /// Why IDs stopped: `holder` ("the database", "etcd") renewed no lease for half of it.
 fn renew_problem(since_ms: u64, holder: &str) -> String {
     format!(
-        "no successful worker-id lease renewal since {since_ms} ms (UNIX time): {holder} is unreachable for half the lease"
+        "no successful worker-id lease renewal since {since_ms} ms (UNIX time): {holder} did not renew it for half the lease"
     )
 }
 
