@@ -6,12 +6,15 @@ b holding both worker ids of a 1-bit layout under pipelined SNOWFLAKE load; the 
 its data directory emptied and started again on the same port (a rebuilt member, a restore from
 nothing); a third node c started at once, loaded as soon as it answers. With --partition (etcd),
 a and b reach etcd through a proxy that is frozen from before the wipe until after c serves.
+With --restore (etcd), the member is instead restored from a snapshot taken after a claimed its
+id and before b did (`etcdctl snapshot save` / `snapshot restore`): a's keys come back, b's are
+gone while b still holds its id.
 Every ID of every node is collected. Afterwards both worker ids must serve again by themselves
 (a and b claimed theirs again, or c holds one of them; a start of c that finds both held is
 refused, which is right); ZooKeeper's a and b may take theirs back at once, as each held its id
 alone; any other claimant waits a whole lease.
 
-    python3 tests/reliability/store_wipe.py LEAFD_BIN zookeeper|etcd [--runs N] [--partition]
+    python3 tests/reliability/store_wipe.py LEAFD_BIN zookeeper|etcd [--runs N] [--partition|--restore]
 """
 import argparse
 import os
@@ -71,6 +74,28 @@ class Store:
         shutil.rmtree(os.path.join(self.dir, "data"))
         self._run("start", self.dir, self.port)
 
+    def snapshot(self):
+        """etcd: a snapshot of the member now (`etcdctl snapshot save`)."""
+        path = os.path.join(self.dir, "snapshot.db")
+        subprocess.run(["etcdctl", "--endpoints", self.address, "snapshot", "save", path],
+                       check=True, capture_output=True, timeout=60,
+                       env={**os.environ, "ETCDCTL_API": "3"})
+        return path
+
+    def restore(self, snapshot):
+        """etcd: stopped, its data replaced by `snapshot` (`etcdctl snapshot restore`, with the
+        member's own name and peer URL as scripts/etcd.sh starts it), started again."""
+        self._run("stop", self.dir)
+        shutil.rmtree(os.path.join(self.dir, "data"))
+        peer = f"http://127.0.0.1:{int(self.port) + 1}"
+        subprocess.run(["etcdctl", "snapshot", "restore", snapshot, "--name", "leafd-test",
+                        "--initial-cluster", f"leafd-test={peer}",
+                        "--initial-advertise-peer-urls", peer,
+                        "--data-dir", os.path.join(self.dir, "data")],
+                       check=True, capture_output=True, timeout=60,
+                       env={**os.environ, "ETCDCTL_API": "3"})
+        self._run("start", self.dir, self.port)
+
     def stop(self):
         self._run("stop", self.dir)
 
@@ -97,7 +122,7 @@ def loader(node):
                         threading.Event(), timeout=30, pause_after_error=0.05)
 
 
-def one_run(binary, kind, partition, run):
+def one_run(binary, kind, partition, run, restore=False):
     started = time.monotonic()
     work = tempfile.mkdtemp(prefix=f"leafd-wipe-{kind}-")
     store = Store(kind, os.path.join(work, "store"))
@@ -111,6 +136,7 @@ def one_run(binary, kind, partition, run):
             proxy = leafd.TcpProxy((host, int(port)), "ab-to-etcd")
             address = f"http://127.0.0.1:{proxy.port}"
         a = start_node(binary, work, "a", kind, address, cluster).wait_ready(30)
+        snapshot = store.snapshot() if restore else None
         b = start_node(binary, work, "b", kind, address, cluster).wait_ready(30)
         nodes += [a, b]
         loaders += [loader(a), loader(b)]
@@ -119,7 +145,10 @@ def one_run(binary, kind, partition, run):
         time.sleep(1.0)
         if proxy:
             proxy.pause()
-        store.wipe()
+        if restore:
+            store.restore(snapshot)
+        else:
+            store.wipe()
         wiped, wiped_ms = time.monotonic(), int(time.time() * 1000)
         c = start_node(binary, work, "c", kind, store.address, cluster)
         nodes.append(c)
@@ -157,7 +186,8 @@ def one_run(binary, kind, partition, run):
                           if any((i >> (WORKER_BITS + SEQUENCE_BITS)) > late for i in each.snowflakes)})
         c_text = ("refused: both ids held again" if ready_after is None
                   else f"answered {ready_after:.1f} s after the wipe")
-        print(f"  {kind} run {run + 1}{' (a and b partitioned)' if partition else ''}: IDs "
+        how = " (a and b partitioned)" if partition else " (restored from a snapshot)" if restore else ""
+        print(f"  {kind} run {run + 1}{how}: IDs "
               f"{counts}, c {c_text}; serving a lease after the wipe: {serving}; repeated IDs "
               f"{repeats}, (ms, worker id) pairs issued by two nodes {shared}", flush=True)
         if repeats:
@@ -184,8 +214,9 @@ def main():
     parser.add_argument("kind", choices=("zookeeper", "etcd"))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partition", action="store_true")
+    parser.add_argument("--restore", action="store_true")
     args = parser.parse_args()
-    ok = all([one_run(os.path.abspath(args.binary), args.kind, args.partition, run)
+    ok = all([one_run(os.path.abspath(args.binary), args.kind, args.partition, run, args.restore)
               for run in range(args.runs)])
     sys.exit(0 if ok else 1)
 
