@@ -9,12 +9,15 @@ a and b reach etcd through a proxy that is frozen from before the wipe until aft
 With --restore (etcd), the member is instead restored from a snapshot taken after a claimed its
 id and before b did (`etcdctl snapshot save` / `snapshot restore`): a's keys come back, b's are
 gone while b still holds its id.
+With --restart there is no loss: a is SIGKILLed and started again at once while both ids are
+leased (its own until its lease runs out): it must wait for its id (its state file names it) and
+serve again, not exit for want of a free id.
 Every ID of every node is collected. Afterwards both worker ids must serve again by themselves
 (a and b claimed theirs again, or c holds one of them; a start of c that finds both held is
 refused, which is right); ZooKeeper's a and b may take theirs back at once, as each held its id
 alone; any other claimant waits a whole lease.
 
-    python3 tests/reliability/store_wipe.py LEAFD_BIN zookeeper|etcd [--runs N] [--partition|--restore]
+    python3 tests/reliability/store_wipe.py LEAFD_BIN zookeeper|etcd [--runs N] [--partition|--restore|--restart]
 """
 import argparse
 import os
@@ -122,7 +125,7 @@ def loader(node):
                         threading.Event(), timeout=30, pause_after_error=0.05)
 
 
-def one_run(binary, kind, partition, run, restore=False):
+def one_run(binary, kind, partition, run, restore=False, restart=False):
     started = time.monotonic()
     work = tempfile.mkdtemp(prefix=f"leafd-wipe-{kind}-")
     store = Store(kind, os.path.join(work, "store"))
@@ -145,21 +148,37 @@ def one_run(binary, kind, partition, run, restore=False):
         time.sleep(1.0)
         if proxy:
             proxy.pause()
-        if restore:
+        if restart:
+            loaders[0].stop_event.set()  # the first run's client: its replies end with the kill
+            loaders[0].join(40)
+            a.kill()
+            killed, killed_ms = time.monotonic(), int(time.time() * 1000)
+            a.start()
+            if a.wait_ready(LEASE_MS / 1000 + 10, allow_exit=True) is None:
+                failures.append(f"a did not start again: {a.log_tail()}")
+            print(f"  a started again {time.monotonic() - killed:.1f} s after its SIGKILL", flush=True)
+            loaders.append(loader(a))
+            loaders[-1].name = "a-again"
+            loaders[-1].start()
+            time.sleep(LEASE_MS / 1000 + 2)
+        elif restore:
             store.restore(snapshot)
         else:
             store.wipe()
         wiped, wiped_ms = time.monotonic(), int(time.time() * 1000)
-        c = start_node(binary, work, "c", kind, store.address, cluster)
-        nodes.append(c)
-        ready = c.wait_ready(30, allow_exit=True)
+        if restart:
+            wiped, wiped_ms = killed, killed_ms
+        c = start_node(binary, work, "c", kind, store.address, cluster) if not restart else None
+        if c is not None:
+            nodes.append(c)
+        ready = c.wait_ready(30, allow_exit=True) if c is not None else a
         ready_after = time.monotonic() - wiped
         if ready is None:
-            refusal = c.log_tail()
+            refusal = c.log_tail()  # c exits only when both ids are held
             if "no free worker id" not in refusal:
                 failures.append(f"c exited: {refusal}")
             ready_after = None
-        else:
+        elif c is not None:
             loaders.append(loader(c))
             loaders[-1].start()
         time.sleep(2.0)
@@ -176,15 +195,17 @@ def one_run(binary, kind, partition, run, restore=False):
             for i in each.snowflakes:
                 if i in issuer:
                     repeats += 1
-                issuer[i] = each.node.name
-                owner = pairs.setdefault(pair_of(i), each.node.name)
-                if owner != each.node.name:
+                # A loader per process: a restarted node's IDs count apart from its first run's.
+                issuer[i] = each.name
+                owner = pairs.setdefault(pair_of(i), each.name)
+                if owner != each.name:
                     shared += 1
-        counts = {each.node.name: len(each.snowflakes) for each in loaders}
+        counts = {each.name: len(each.snowflakes) for each in loaders}
         late = (wiped_ms + LEASE_MS + 1000 - EPOCH_MS)
         serving = sorted({each.node.name for each in loaders
                           if any((i >> (WORKER_BITS + SEQUENCE_BITS)) > late for i in each.snowflakes)})
-        c_text = ("refused: both ids held again" if ready_after is None
+        c_text = ("not started (a restart, no loss)" if restart
+                  else "refused: both ids held again" if ready_after is None
                   else f"answered {ready_after:.1f} s after the wipe")
         how = " (a and b partitioned)" if partition else " (restored from a snapshot)" if restore else ""
         print(f"  {kind} run {run + 1}{how}: IDs "
@@ -215,8 +236,10 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partition", action="store_true")
     parser.add_argument("--restore", action="store_true")
+    parser.add_argument("--restart", action="store_true")
     args = parser.parse_args()
-    ok = all([one_run(os.path.abspath(args.binary), args.kind, args.partition, run, args.restore)
+    ok = all([one_run(os.path.abspath(args.binary), args.kind, args.partition, run, args.restore,
+                      args.restart)
               for run in range(args.runs)])
     sys.exit(0 if ok else 1)
 
