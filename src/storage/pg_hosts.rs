@@ -51,7 +51,14 @@ pub(crate) struct Hosts {
     options: Vec<PgConnectOptions>,
     names: Vec<String>,
     attrs: SessionAttrs,
+    /// The URL set `target_session_attrs` (else read-write, the default with several hosts).
+    explicit_attrs: bool,
 }
+
+/// Query parameters that name hosts or ports: libpq merges them with the URL's, sqlx lets them
+/// replace the URL's host list silently (two closed hosts listed, the migration went elsewhere),
+/// and sqlx reads a port list as one number. Refused, with where to put them instead.
+const HOST_KEYS: [&str; 3] = ["host", "hostaddr", "port"];
 
 /// The hosts a URL names; `None` for one host without `target_session_attrs` (read as it is).
 pub(crate) fn parse(url: &str) -> Result<Option<Hosts>, sqlx::Error> {
@@ -75,6 +82,16 @@ pub(crate) fn parse(url: &str) -> Result<Option<Hosts>, sqlx::Error> {
         match pair.split_once('=') {
             Some(("target_session_attrs", value)) => {
                 attrs = Some(value.parse::<SessionAttrs>().map_err(config)?)
+            }
+            // With no host before the path (`postgres:///db?host=/run/postgresql`, a Unix
+            // socket) one host and one port are sqlx's to read.
+            Some((key, value))
+                if HOST_KEYS.contains(&key.to_ascii_lowercase().as_str())
+                    && (!host_list.is_empty() || value.contains(',')) =>
+            {
+                return Err(config(format!(
+                    "storage.url: the query parameter '{key}' is not supported here: it would replace or split the URL's hosts; give every host with its port in the URL itself (postgres://user@host1:5432,host2:5433/db)"
+                )));
             }
             _ => kept.push(pair),
         }
@@ -103,6 +120,7 @@ pub(crate) fn parse(url: &str) -> Result<Option<Hosts>, sqlx::Error> {
     Ok(Some(Hosts {
         options,
         names,
+        explicit_attrs: attrs.is_some(),
         attrs: attrs.unwrap_or(SessionAttrs::ReadWrite),
     }))
 }
@@ -143,8 +161,13 @@ impl Hosts {
                 )),
             }
         }
+        let what = if self.explicit_attrs {
+            "no host fits target_session_attrs"
+        } else {
+            "no host accepted a session leafd can write in"
+        };
         Err(sqlx::Error::Configuration(
-            format!("no host fits target_session_attrs ({})", why.join("; ")).into(),
+            format!("{what} ({})", why.join("; ")).into(),
         ))
     }
 }
@@ -226,6 +249,23 @@ async fn keep_on_a_fitting_host(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_and_port_query_parameters_are_refused_naming_the_key() {
+        for url in [
+            "postgres://u@a:5432,b:5433/leaf?host=c&port=5432",
+            "postgres://u@a/leaf?sslmode=disable&PORT=5433",
+            "postgres:///leaf?port=5432,5433",
+            "postgres://u@a/leaf?hostaddr=10.0.0.1",
+        ] {
+            let error = parse(url).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                error.contains("storage.url: the query parameter '"),
+                "{url}: {error}"
+            );
+        }
+        assert!(parse("postgres:///leaf?host=/run/postgresql").is_ok());
+    }
 
     #[test]
     fn a_url_of_several_hosts_gives_one_set_of_options_per_host() {
