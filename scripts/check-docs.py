@@ -15,6 +15,8 @@ exits 1 if there is any (0 when all is well). Python 3 standard library only.
 * Every metric docs/reference/metrics.md lists is exported by src/ (process_* by the
   metrics-process crate), and every metric named in src/metrics/names.rs is listed.
 * Every command of src/cmd/table.rs is in docs/reference/commands.md.
+* Every leafd command line in the docs' code (fenced blocks and code spans) uses flags and
+  subcommands src/main.rs declares.
 """
 
 import argparse
@@ -664,6 +666,82 @@ def check_commands(root, source):
             problem(COMMANDS_DOC, f"command {name.upper()} (src/cmd/table.rs) has no row (a first cell starting `{name.upper()}`)")
 
 
+def cli_of(main_rs):
+    """leafd's flags (long and short, each with whether it takes a value) and subcommands, read
+    from the clap derive in src/main.rs: `struct Cli`'s #[arg(...)] fields, `enum Command`'s
+    variants (kebab-case), plus clap's own --help/-h and --version/-V."""
+    flags = {"--help": False, "-h": False, "--version": False, "-V": False}
+    cli = re.search(r"struct Cli \{(.*?)\n\}", main_rs, re.S)
+    for attrs, field in re.findall(r"#\[arg\(([^]]*?)\)\]\s*(\w+):", cli.group(1) if cli else "", re.S):
+        words = [w.strip() for w in attrs.split(",")]
+        takes = True  # every leafd flag takes a value
+        if "long" in words:
+            flags["--" + field.replace("_", "-")] = takes
+        if "short" in words:
+            flags["-" + field[0]] = takes
+    commands = re.search(r"enum Command \{(.*?)\n\}", main_rs, re.S)
+    names = re.findall(r"^\s*(\w+),", commands.group(1) if commands else "", re.M)
+    subcommands = {re.sub(r"(?<!^)([A-Z])", r"-\1", n).lower() for n in names}
+    return flags, subcommands
+
+
+def check_cli(root, source):
+    """Every leafd command line in the docs (in code: fenced blocks and `spans`) uses flags and
+    subcommands that leafd has: a removed or misspelt flag (`--print-config`) fails here."""
+    main_rs = source.files.get("src/main.rs")
+    if main_rs is None:
+        problem("src/main.rs", "missing")
+        return
+    flags, subcommands = cli_of(main_rs[0])
+    if "--config" not in flags or not subcommands:
+        problem("src/main.rs", "scripts/check-docs.py cannot read the CLI (struct Cli, enum Command)")
+        return
+    # leafd as the command: first on the line (after a `$ ` prompt, `sudo`, `exec`), or after
+    # `&&`, `;`, `|` or `$(`; not a path given to another program (`crash.py target/debug/leafd`).
+    invocation = re.compile(
+        r"(?:^|&&|;|\||\$\()\s*(?:\$\s+)?(?:(?:sudo|exec|nohup)\s+)?(?:[\w./-]*/)?leafd"
+        r"((?:[ \t]+[^\s`|;&#]+)+)")
+    for path in markdown_files(root):
+        text = path.read_text()
+        code = []
+        fence, shell = None, False
+        for line in text.splitlines():
+            marker = re.match(r"\s*(`{3,}|~{3,})\s*(\w*)", line)
+            if marker:
+                opening = fence is None
+                fence = marker.group(1) if opening else None
+                # Commands are in shell blocks; a ``` or ```text block holds output.
+                shell = opening and marker.group(2) in ("sh", "bash", "shell", "console")
+                continue
+            if fence:
+                code.extend([line] if shell else [])
+            else:
+                code.extend(code_spans(line))
+        for snippet in code:
+            for match in invocation.finditer(snippet):
+                tokens = match.group(1).split()
+                expects_value = False
+                for token in tokens:
+                    if expects_value:
+                        expects_value = False
+                        continue
+                    if token.startswith("-"):
+                        flag = token.split("=", 1)[0]
+                        if flag not in flags:
+                            problem(path.relative_to(root), f"`leafd {' '.join(tokens)}`: leafd has no flag {flag}")
+                            break
+                        expects_value = flags[flag] and "=" not in token
+                        continue
+                    # A subcommand ends the line or comes before flags; a word followed by more
+                    # words is prose or output (`leafd is running in protected mode`).
+                    rest = tokens[tokens.index(token) + 1:]
+                    looks_like_command = not rest or rest[0].startswith("-")
+                    if (looks_like_command and re.fullmatch(r"[a-z][a-z-]*", token)
+                            and token not in subcommands):
+                        problem(path.relative_to(root), f"`leafd {' '.join(tokens)}`: leafd has no subcommand {token}")
+                    break
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
@@ -677,6 +755,7 @@ def main():
     check_errors(root, source)
     check_metrics(root, source)
     check_commands(root, source)
+    check_cli(root, source)
     for line in problems:
         print(line)
     return 1 if problems else 0
