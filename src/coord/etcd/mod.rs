@@ -408,17 +408,26 @@ impl WorkerLeaseStore for EtcdLeases {
                 ],
             )
             .await?;
+        if !taken {
+            // The lease granted for this attempt holds nothing, and nothing keeps it alive: a
+            // later attempt (a restarted node waiting for its old id) gets a fresh one, where
+            // it once took the id on a lease about to run out and lost it at once.
+            if let Some(unused) = self.forget_lease(owner) {
+                let _ = self
+                    .call("lease/revoke", json!({ "ID": unused.to_string() }))
+                    .await;
+            }
+            return Ok(None);
+        }
         // No `worker/{id}` at all: the id was never held here, or etcd lost the key (restored
         // from a snapshot older than the holder's claim, who may still issue until its next
         // renewal). Read as a fence a whole lease ahead: the claimant waits that long.
-        Ok(taken.then(|| {
-            fence_in(&responses).unwrap_or_else(|| {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as i64);
-                now + lease_ms
-            })
-        }))
+        Ok(Some(fence_in(&responses).unwrap_or_else(|| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            now + lease_ms
+        })))
     }
 
     async fn renew(

@@ -281,7 +281,14 @@ impl SegmentEngine {
         // This node's period first, when it serves the tag with a period: the numbers a
         // restore lost are of the period the cluster is in, not of the row's older one.
         let known = self.tags.load().get(tag.as_bytes()).cloned();
-        if let Some(rule) = known.as_ref().and_then(|b| b.period.clone()) {
+        let same = |rule: &super::PeriodRule| {
+            recorded.is_none_or(|r| super::period::same_rule(r, &rule.marker()))
+        };
+        if let Some(rule) = known
+            .as_ref()
+            .and_then(|b| b.period.clone())
+            .filter(|r| same(r))
+        {
             let floor = rule.first_position(rule.period_at(self.clock.now_millis()));
             let marker = rule.marker();
             retry_conflicts(|| self.store.raise(tag, floor, &marker)).await?;
