@@ -344,6 +344,18 @@ impl PrivateEtcd {
         serde_json::from_slice(&reply.bytes().await.unwrap()).unwrap()
     }
 
+    /// A token for a user of a member with authentication on.
+    async fn token(&self, name: &str, password: &str) -> String {
+        let reply = self
+            .post(
+                "auth/authenticate",
+                serde_json::json!({"name": name, "password": password}),
+                None,
+            )
+            .await;
+        reply["token"].as_str().unwrap().to_string()
+    }
+
     /// Waits until the member answers (it takes a moment to listen).
     async fn wait_ready(&self) {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -577,16 +589,7 @@ async fn authentication_on(etcd: PrivateEtcd) {
     // Every token dropped: the node's next renewal is refused (401), asks for a new token and
     // goes on. Past twice the lease's TTL, a node whose renewals had failed would have stopped
     // issuing and lost its id to the next node.
-    let root = etcd
-        .post(
-            "auth/authenticate",
-            json!({"name": "root", "password": "root-pw"}),
-            None,
-        )
-        .await["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let root = etcd.token("root", "root-pw").await;
     let off = etcd.post("auth/disable", json!({}), Some(&root)).await;
     assert!(off.get("error").is_none(), "{off}");
     let on = etcd.post("auth/enable", json!({}), None).await;
@@ -599,16 +602,7 @@ async fn authentication_on(etcd: PrivateEtcd) {
     );
     // An unrelated user added: etcd's auth store moves on, and a token issued before is
     // refused with 400 "revision of auth store is old" (not a 401): replaced all the same.
-    let root = etcd
-        .post(
-            "auth/authenticate",
-            json!({"name": "root", "password": "root-pw"}),
-            None,
-        )
-        .await["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let root = etcd.token("root", "root-pw").await;
     let added = etcd
         .post(
             "auth/user/add",

@@ -122,6 +122,21 @@ def check(records):
     return violations, repeats, example, len(ids)
 
 
+def judge(records, errors, failures, allowed_errors=()):
+    """The checks every run makes: real-time order, repeats, and no error reply but UNAVAILABLE
+    (or one containing a text of `allowed_errors`); adds to `failures`, returns the counts."""
+    violations, repeats, example, distinct = check(records)
+    if violations:
+        failures.append(f"{violations} real-time order violations, e.g. {example}")
+    if repeats:
+        failures.append(f"{repeats} repeated IDs")
+    unexpected = [e for e in errors if not e.startswith("UNAVAILABLE")
+                  and not any(text in e for text in allowed_errors)]
+    if unexpected:
+        failures.append(f"unexpected error replies: {unexpected[:3]}")
+    return violations, repeats, distinct
+
+
 def start_nodes(binary, work, url, count, tag, order, prefix="n", seed=None, envs=None, urls=None):
     """`count` nodes on `url` (or node i on urls[i] when given)."""
     config = {"segment": {"adaptive_step": True},
@@ -176,21 +191,14 @@ def run_order_test(binary, dialect, seconds, order="strict"):
             client.join(15)
         records = [r for c in clients for r in c.records]
         errors = [e for c in clients for e in c.errors]
-        violations, repeats, example, distinct = check(records)
+        violations, repeats, distinct = judge(records, errors, failures)
         per_node = {n.name: sum(1 for r in records if r[4] == n.name) for n in nodes}
         print(f"  {dialect}: {len(records)} requests ({distinct} IDs) from 3 nodes {per_node}, "
               f"pipelines 1/8/32, SIGKILL + restart of n0, SIGSTOP 1.5 s of n1, n2's database "
               f"path frozen 2 s then reset; "
               f"real-time order violations {violations}, repeats {repeats}, error replies {len(errors)}")
-        if violations:
-            failures.append(f"{violations} real-time order violations, e.g. {example}")
-        if repeats:
-            failures.append(f"{repeats} repeated IDs")
         if len(records) < 1000:
             failures.append(f"only {len(records)} requests answered")
-        unexpected = [e for e in errors if not e.startswith("UNAVAILABLE")]
-        if unexpected:
-            failures.append(f"unexpected error replies: {unexpected[:3]}")
     finally:
         leafd.stop_all(nodes)
         proxy.close()
@@ -236,7 +244,7 @@ def run_pause_test(binary, dialect):
             client.join(15)
         records = [r for c in clients for r in c.records]
         errors = [e for c in clients for e in c.errors]
-        violations, repeats, example, distinct = check(records)
+        violations, repeats, distinct = judge(records, errors, failures)
         rates, after_bound = [], []
         for began, ended in pauses:
             others = [r for r in records if r[4] != nodes[0].name and began <= r[1] <= ended]
@@ -248,17 +256,10 @@ def run_pause_test(binary, dialect):
               f"{PAUSE_S:.0f} s; the other nodes' IDs/s in each pause {rates}; their replies in "
               f"the last {PAUSE_S - IDLE_BOUND_S - 1:.0f} s of each pause {after_bound}; real-time "
               f"order violations {violations}, repeats {repeats}, error replies {len(errors)}")
-        if violations:
-            failures.append(f"{violations} real-time order violations, e.g. {example}")
-        if repeats:
-            failures.append(f"{repeats} repeated IDs")
         stalled = [i for i, n in enumerate(after_bound) if n == 0]
         if stalled:
             failures.append(f"the other nodes served nothing after the {IDLE_BOUND_S} s bound "
                             f"in pauses {stalled}")
-        unexpected = [e for e in errors if not e.startswith("UNAVAILABLE")]
-        if unexpected:
-            failures.append(f"unexpected error replies: {unexpected[:3]}")
     finally:
         leafd.stop_all(nodes)
         sql(dialect, f"DROP DATABASE IF EXISTS {name}")
@@ -310,7 +311,9 @@ def run_period_test(binary, dialect, seconds, digits=DIGITS):
             client.join(15)
         records = [r for c in clients for r in c.records]
         errors = [e for c in clients for e in c.errors]
-        violations, repeats, example, distinct = check(records)
+        period_refusal = ("has used all its", "sequence numbers left, fewer than")
+        violations, repeats, distinct = judge(records, errors, failures,
+                                              period_refusal if digits < DIGITS else ())
         scale = 10 ** digits
         days = {}
         for _, _, first, last, _ in records:
@@ -319,10 +322,6 @@ def run_period_test(binary, dialect, seconds, digits=DIGITS):
               f"{day}/{next_day} midnight in Shanghai (clocks: n1 1 s behind), SIGKILL + restart "
               f"of n0; IDs per day { {d: len(v) for d, v in days.items()} }; real-time order "
               f"violations {violations}, repeats {repeats}, error replies {len(errors)}")
-        if violations:
-            failures.append(f"{violations} real-time order violations, e.g. {example}")
-        if repeats:
-            failures.append(f"{repeats} repeated IDs")
         if set(days) != {day, next_day}:
             failures.append(f"days served {sorted(days)}, expected {day} and {next_day}")
         elif min(days[next_day]) != 1 or min(days[day]) != 1:
@@ -345,11 +344,6 @@ def run_period_test(binary, dialect, seconds, digits=DIGITS):
         if late_old:
             failures.append(f"{len(late_old)} requests sent after the first {next_day} reply got "
                             f"{day}, e.g. {late_old[0]}")
-        period_refusal = ("has used all its", "sequence numbers left, fewer than")
-        unexpected = [e for e in errors if not e.startswith("UNAVAILABLE")
-                      and not (digits < DIGITS and any(p in e for p in period_refusal))]
-        if unexpected:
-            failures.append(f"unexpected error replies: {unexpected[:3]}")
     finally:
         leafd.stop_all(nodes)
         sql(dialect, f"DROP DATABASE IF EXISTS {name}")
