@@ -184,7 +184,9 @@ def one_run(binary, kind, partition, run, restore=False, restart=False):
         time.sleep(2.0)
         if proxy:
             proxy.resume()
-        time.sleep(4.0)
+        # Long enough after the loss, whatever c did (it may have been refused at once), for
+        # every claimant's lease to have passed and the ids to serve again.
+        time.sleep(max(4.0, wiped + LEASE_MS / 1000 + 4.0 - time.monotonic()))
         for each in loaders:
             each.stop_event.set()
         for each in loaders:
