@@ -182,11 +182,15 @@ def one_run(binary, kind, partition, run, restore=False, restart=False):
             loaders.append(loader(c))
             loaders[-1].start()
         time.sleep(2.0)
+        back = wiped
         if proxy:
             proxy.resume()
-        # Long enough after the loss, whatever c did (it may have been refused at once), for
-        # every claimant's lease to have passed and the ids to serve again.
-        time.sleep(max(4.0, wiped + LEASE_MS / 1000 + 4.0 - time.monotonic()))
+            # A holder cut off across the loss learns of it only now: its next renewal, its
+            # claim again and a whole lease's wait.
+            back = time.monotonic()
+        # Long enough after the loss (and the partition), whatever c did (it may have been
+        # refused at once), for every claimant's lease to have passed and the ids to serve.
+        time.sleep(max(4.0, back + LEASE_MS / 1000 + 4.0 - time.monotonic()))
         for each in loaders:
             each.stop_event.set()
         for each in loaders:
