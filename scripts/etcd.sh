@@ -17,6 +17,12 @@ start)
     apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >&2
   fi
+  # etcdctl (snapshot save/restore in tests/reliability/store_wipe.py) is a package of its own.
+  if ! command -v etcdctl >/dev/null; then
+    echo "installing etcd-client (Debian package)" >&2
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-client >&2
+  fi
   mkdir -p "$dir/data"
   port=${3:-}
   for candidate in $([ -n "$port" ] || seq 23790 2 23830); do
