@@ -107,35 +107,6 @@ impl Context {
             .set(self.storage_ready() as u8 as f64);
         m.counter(SEGMENT_REQUEST_WAITS_TOTAL, &[])
             .absolute(self.segments.stats().request_waits.load(Ordering::Relaxed));
-        for t in self.segments.snapshot() {
-            let tag = t.tag.as_str();
-            m.counter(SEGMENT_IDS_TOTAL, &[("tag", tag)])
-                .absolute(t.served);
-            m.counter(SEGMENT_LOADS_TOTAL, &[("tag", tag), ("result", "ok")])
-                .absolute(t.loads_ok);
-            m.counter(SEGMENT_LOADS_TOTAL, &[("tag", tag), ("result", "error")])
-                .absolute(t.loads_failed);
-            m.counter(SEGMENT_ROLLBACKS_TOTAL, &[("tag", tag)])
-                .absolute(t.rollbacks);
-            m.counter(SEGMENT_FAILOVER_SKIPS_TOTAL, &[("tag", tag)])
-                .absolute(t.failover_skips);
-            m.gauge(SEGMENT_STEP, &[("tag", tag)]).set(t.step as f64);
-            let period = t.period.as_deref().unwrap_or("none");
-            m.gauge(
-                SEGMENT_TAG_INFO,
-                &[("tag", tag), ("order", t.order), ("period", period)],
-            )
-            .set(1.0);
-            for (buffer, segment) in [("current", t.current), ("next", t.next)] {
-                let remaining = segment.map_or(0, |s| s.remaining().max(0));
-                m.gauge(SEGMENT_REMAINING_IDS, &[("tag", tag), ("buffer", buffer)])
-                    .set(remaining as f64);
-            }
-            // The next segment is loaded once the current one has no more than this left.
-            let threshold = t.current.map_or(0, |s| s.step * 9 / 10);
-            m.gauge(SEGMENT_PRELOAD_THRESHOLD_IDS, &[("tag", tag)])
-                .set(threshold as f64);
-        }
         if let Some(engine) = self.snowflake_now() {
             let st = engine.stats();
             m.counter(SNOWFLAKE_IDS_TOTAL, &[])
@@ -177,7 +148,31 @@ impl Context {
                     .set(now.saturating_sub(status.last_report_ms()) as f64 / 1000.0);
             }
         }
-        m.render()
+        let mut out = m.render();
+        if m.enabled() {
+            let figures = self.segments.used_snapshot().into_iter().map(|t| {
+                let remaining = |s: Option<crate::engine::segment::Segment>| {
+                    s.map_or(0, |s| s.remaining().max(0))
+                };
+                TagFigures {
+                    order: t.order,
+                    served: t.served,
+                    loads_ok: t.loads_ok,
+                    loads_failed: t.loads_failed,
+                    rollbacks: t.rollbacks,
+                    failover_skips: t.failover_skips,
+                    step: t.step,
+                    remaining_current: remaining(t.current),
+                    remaining_next: remaining(t.next),
+                    // The next segment is loaded once the current one has no more than this left.
+                    preload_threshold: t.current.map_or(0, |s| s.step * 9 / 10),
+                    period: t.period,
+                    tag: t.tag,
+                }
+            });
+            render_tag_series(figures.collect(), m.tag_series(), &mut out);
+        }
+        out
     }
 
     /// Asks the listeners to stop and drain, as SIGTERM does (the SHUTDOWN command).

@@ -231,7 +231,7 @@ impl App {
     ) -> Arc<App> {
         // Without an HTTP listener nobody can scrape, so nothing is recorded.
         let metrics = Arc::new(if config.http.enabled {
-            Metrics::new(&crate::cmd::table::names())
+            Metrics::new(&crate::cmd::table::names()).with_tag_series(config.http.metrics_tags)
         } else {
             Metrics::disabled()
         });
@@ -385,5 +385,6 @@ impl App {
             worker.close(last_issued).await;
         }
         self.segments.store().close().await;
+        self.segments.marks().close().await;
     }
 }

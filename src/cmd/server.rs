@@ -165,7 +165,7 @@ pub fn info(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
             ctx.segments.store().backend(),
             ctx.storage_ready() as u8,
             ctx.segments.tag_count(),
-            ctx.segments.snapshot().iter().map(|t| t.served).sum::<u64>(),
+            ctx.segments.used_snapshot().iter().map(|t| t.served).sum::<u64>(),
             seg.loads_ok.load(Ordering::Relaxed),
             seg.loads_failed.load(Ordering::Relaxed),
             seg.request_waits.load(Ordering::Relaxed),

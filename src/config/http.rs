@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 pub struct HttpConfig {
     pub enabled: bool,
     pub bind: String,
+    /// How many tags get `/metrics` series of their own: the busiest by IDs served; the
+    /// others are summed under `tag="_other"`, so the page stays small with many tags.
+    pub metrics_tags: usize,
 }
 
 impl Default for HttpConfig {
@@ -15,6 +18,7 @@ impl Default for HttpConfig {
         Self {
             enabled: true,
             bind: "127.0.0.1:9380".into(),
+            metrics_tags: 100,
         }
     }
 }

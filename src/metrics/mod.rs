@@ -4,11 +4,13 @@
 mod batch;
 mod histogram;
 mod names;
+mod tags;
 
 pub use batch::BatchMetrics;
 pub use histogram::{CommandMetrics, LatencyHistogram};
 use names::DESCRIPTIONS;
 pub use names::*;
+pub use tags::{render_tag_series, TagFigures, OTHER_TAGS};
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -26,8 +28,11 @@ pub struct Metrics {
     process: metrics_process::Collector,
     command_names: Vec<&'static str>,
     commands: Vec<CommandMetrics>,
-    /// Segment load latency by tag (loads are rare, so a lock here is fine).
+    /// Segment load latency by tag (loads are rare, so a lock here is fine): the first
+    /// `tag_series` tags that load have their own, later ones share `_other`'s.
     segment_loads: Mutex<BTreeMap<String, Arc<LatencyHistogram>>>,
+    /// How many tags get series of their own (`http.metrics_tags`).
+    tag_series: usize,
 }
 
 fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
@@ -67,6 +72,7 @@ impl Metrics {
                 .collect(),
             commands: Vec::new(),
             segment_loads: Mutex::new(BTreeMap::new()),
+            tag_series: 100,
         };
         metrics.commands = metrics
             .command_names
@@ -103,7 +109,19 @@ impl Metrics {
             command_names: Vec::new(),
             commands: Vec::new(),
             segment_loads: Mutex::new(BTreeMap::new()),
+            tag_series: 0,
         }
+    }
+
+    /// Gives at most `tags` tags series of their own (`http.metrics_tags`).
+    pub fn with_tag_series(mut self, tags: usize) -> Metrics {
+        self.tag_series = tags;
+        self
+    }
+
+    /// How many tags get series of their own.
+    pub fn tag_series(&self) -> usize {
+        self.tag_series
     }
 
     /// The metrics of the command at `index` of the list given to [`Metrics::new`] (an index
@@ -134,7 +152,14 @@ impl Metrics {
         }
         let histogram = {
             let mut loads = self.segment_loads.lock().unwrap_or_else(|p| p.into_inner());
-            loads.entry(tag.to_string()).or_default().clone()
+            match loads.get(tag) {
+                Some(histogram) => histogram.clone(),
+                // One own series per tag up to the limit (plus `_other`'s).
+                None if loads.len() < self.tag_series => {
+                    loads.entry(tag.to_string()).or_default().clone()
+                }
+                None => loads.entry(OTHER_TAGS.to_string()).or_default().clone(),
+            }
         };
         histogram.record(elapsed);
     }
@@ -188,7 +213,7 @@ impl Metrics {
                 help(SEGMENT_LOAD_DURATION_SECONDS)
             );
             for (tag, histogram) in loads.iter() {
-                let tag = tag.replace('\\', "\\\\").replace('"', "\\\"");
+                let tag = tags::escaped(tag);
                 histogram.render(
                     SEGMENT_LOAD_DURATION_SECONDS,
                     &format!("tag=\"{tag}\""),

@@ -114,7 +114,7 @@ impl SegmentEngine {
     /// another database instance).
     pub(super) fn note_failover(&self, tag: &str, alloc: &LeafAlloc) {
         let Some(skip) = &alloc.failover else { return };
-        if let Some(buffer) = self.tags.load().get(tag.as_bytes()) {
+        if let Some(buffer) = self.loaded_buffer_of(tag) {
             buffer.lock().failover_skips += 1;
         }
         tracing::warn!(

@@ -336,7 +336,51 @@ enum Step {
 /// Tags are created only by admins and configuration, so the hash needs no defence against
 /// chosen collisions beyond foldhash's per-process seed; SipHash cost more than the rest of
 /// an INCR's lookup.
-type TagMap = HashMap<Box<[u8]>, Arc<TagBuffer>, foldhash::fast::RandomState>;
+/// A tag of the table. Its buffers are built at its first request, so a tag never asked for
+/// costs this entry only (nodes of SaaS users know hundreds of thousands of cold tags).
+pub(super) struct TagEntry {
+    /// The rule its row records (`split`), which a node that does not configure it follows.
+    recorded: Option<Box<str>>,
+    buffer: std::sync::OnceLock<Arc<TagBuffer>>,
+}
+
+impl TagEntry {
+    fn new(recorded: Option<&str>) -> Arc<TagEntry> {
+        Arc::new(TagEntry {
+            recorded: recorded.map(Box::from),
+            buffer: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn built(buffer: Arc<TagBuffer>, recorded: Option<&str>) -> Arc<TagEntry> {
+        Arc::new(TagEntry {
+            recorded: recorded.map(Box::from),
+            buffer: std::sync::OnceLock::from(buffer),
+        })
+    }
+
+    /// The buffers, once a request built them.
+    #[inline]
+    fn loaded(&self) -> Option<&Arc<TagBuffer>> {
+        self.buffer.get()
+    }
+
+    /// The buffers, built now if this is the tag's first request.
+    fn buffer(&self, name: &str, settings: &SegmentSettings) -> &Arc<TagBuffer> {
+        self.buffer
+            .get_or_init(|| Arc::new(TagBuffer::new(name, settings, self.recorded.as_deref())))
+    }
+
+    /// Whether this entry still serves the row's record `recorded`.
+    fn serves_record(&self, recorded: Option<&str>) -> bool {
+        match self.loaded() {
+            Some(buffer) => buffer.serves_record(recorded),
+            None => self.recorded.as_deref() == recorded,
+        }
+    }
+}
+
+type TagMap = HashMap<Box<[u8]>, Arc<TagEntry>, foldhash::fast::RandomState>;
 
 /// The segment engine shared by all connections.
 pub struct SegmentEngine {
@@ -379,6 +423,26 @@ impl SegmentEngine {
         &self.store
     }
 
+    /// `tag`'s buffers, built now if this is its first request; `None` for a tag not in the
+    /// map.
+    pub(super) fn buffer_of(&self, tag: &str) -> Option<Arc<TagBuffer>> {
+        let tags = self.tags.load();
+        Some(
+            tags.get(tag.as_bytes())?
+                .buffer(tag, &self.settings)
+                .clone(),
+        )
+    }
+
+    /// `tag`'s buffers if a request already built them.
+    pub(super) fn loaded_buffer_of(&self, tag: &str) -> Option<Arc<TagBuffer>> {
+        self.tags.load().get(tag.as_bytes())?.loaded().cloned()
+    }
+
+    pub fn marks(&self) -> &Arc<SegmentMarks> {
+        &self.marks
+    }
+
     pub fn stats(&self) -> &SegmentStats {
         &self.stats
     }
@@ -401,7 +465,7 @@ impl SegmentEngine {
             return None;
         }
         let tags = self.tags.load();
-        let buffer = tags.get(tag)?;
+        let buffer = tags.get(tag)?.loaded()?;
         if n != 1 && buffer.opaque.is_some() {
             return None;
         }
@@ -420,7 +484,7 @@ impl SegmentEngine {
     ) -> Option<Result<i64, SegmentError>> {
         let buffer = {
             let tags = self.tags.load();
-            let buffer = tags.get(tag)?;
+            let buffer = tags.get(tag)?.loaded()?;
             if !buffer.strict || buffer.opaque.is_some() || buffer.period.is_some() || n < 1 {
                 return None;
             }
@@ -432,8 +496,7 @@ impl SegmentEngine {
     /// The next ID of a period tag in its string form (`ORD20261204000123`); a tag without a
     /// period is refused before any ID is taken.
     pub async fn next_code(self: &Arc<Self>, tag: &str) -> Result<String, SegmentError> {
-        let known = self.tags.load().get(tag.as_bytes()).cloned();
-        let buffer = match known {
+        let buffer = match self.buffer_of(tag) {
             Some(buffer) => buffer,
             None => self.lookup_after_refresh(tag).await?,
         };
@@ -456,7 +519,10 @@ impl SegmentEngine {
         // Fast path: the tag map is read without cloning anything, and the clock is not read.
         let found = {
             let tags = self.tags.load();
-            match tags.get(tag.as_bytes()) {
+            match tags
+                .get(tag.as_bytes())
+                .map(|e| e.buffer(tag, &self.settings))
+            {
                 Some(buffer) if buffer.opaque.is_none() => {
                     match self.take_from_buffers(buffer, n) {
                         Some(last) => return Ok(last),

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{store_reason, Interleave, SegmentEngine, SegmentError, TagBuffer, TagMap, TagRule};
+use super::{
+    store_reason, Interleave, SegmentEngine, SegmentError, TagBuffer, TagEntry, TagMap, TagRule,
+};
 use crate::storage::{NewTag, StoreError};
 
 /// Longest tag name, the width of `leaf_alloc.biz_tag`.
@@ -38,8 +40,8 @@ impl SegmentEngine {
     ) -> Result<Arc<TagBuffer>, SegmentError> {
         validate_tag_name(tag).map_err(|_| SegmentError::UnknownTag(tag.to_string()))?;
         let mut last_refresh = self.tag_writer.lock().await;
-        if let Some(buffer) = self.tags.load().get(tag.as_bytes()) {
-            return Ok(buffer.clone());
+        if let Some(buffer) = self.buffer_of(tag) {
+            return Ok(buffer);
         }
         let now = self.clock.now_millis();
         if last_refresh.is_none_or(|t| now.saturating_sub(t) >= MISS_REFRESH_INTERVAL_MS) {
@@ -51,8 +53,8 @@ impl SegmentEngine {
                 })?;
             *last_refresh = Some(now);
         }
-        if let Some(buffer) = self.tags.load().get(tag.as_bytes()) {
-            return Ok(buffer.clone());
+        if let Some(buffer) = self.buffer_of(tag) {
+            return Ok(buffer);
         }
         drop(last_refresh);
         self.create_on_first_use(tag).await
@@ -88,10 +90,7 @@ impl SegmentEngine {
                     reason: store_reason(&e),
                 })?;
         }
-        self.tags
-            .load()
-            .get(tag.as_bytes())
-            .cloned()
+        self.buffer_of(tag)
             .ok_or_else(|| SegmentError::UnknownTag(tag.to_string()))
     }
 
@@ -108,15 +107,12 @@ impl SegmentEngine {
         let map: TagMap = rows
             .iter()
             .map(|row| {
-                let buffer = old
+                let entry = old
                     .get(row.tag.as_bytes())
-                    .filter(|buffer| buffer.serves_record(row.split.as_deref()))
+                    .filter(|entry| entry.serves_record(row.split.as_deref()))
                     .cloned()
-                    .unwrap_or_else(|| {
-                        let recorded = row.split.as_deref();
-                        Arc::new(TagBuffer::new(&row.tag, &self.settings, recorded))
-                    });
-                (Box::from(row.tag.as_bytes()), buffer)
+                    .unwrap_or_else(|| TagEntry::new(row.split.as_deref()));
+                (Box::from(row.tag.as_bytes()), entry)
             })
             .collect();
         let count = map.len();
@@ -127,7 +123,10 @@ impl SegmentEngine {
     /// Builds `tag`'s buffer anew from its row's record `recorded` (a node that does not
     /// configure the tag follows a changed rule); requests in flight finish on the old one.
     pub(super) fn rebuild_tag(&self, tag: &str, recorded: Option<&str>) {
-        let buffer = Arc::new(TagBuffer::new(tag, &self.settings, recorded));
+        let buffer = TagEntry::built(
+            Arc::new(TagBuffer::new(tag, &self.settings, recorded)),
+            recorded,
+        );
         tracing::info!(
             tag,
             rule = recorded.unwrap_or("none"),
@@ -218,9 +217,8 @@ impl SegmentEngine {
         retry_conflicts(|| self.store.create_tag(&new)).await?;
         self.tags.rcu(|map| {
             let mut map = TagMap::clone(map);
-            map.entry(Box::from(tag.as_bytes())).or_insert_with(|| {
-                Arc::new(TagBuffer::new(tag, &self.settings, new.split.as_deref()))
-            });
+            map.entry(Box::from(tag.as_bytes()))
+                .or_insert_with(|| TagEntry::new(new.split.as_deref()));
             map
         });
         Ok(())
@@ -280,7 +278,7 @@ impl SegmentEngine {
         };
         // This node's period first, when it serves the tag with a period: the numbers a
         // restore lost are of the period the cluster is in, not of the row's older one.
-        let known = self.tags.load().get(tag.as_bytes()).cloned();
+        let known = self.buffer_of(tag);
         let same = |rule: &super::PeriodRule| {
             recorded.is_none_or(|r| super::period::same_rule(r, &rule.marker()))
         };
@@ -322,7 +320,7 @@ impl SegmentEngine {
 
     /// After an operator's change of the row: this node's next request asks the database.
     fn forget_failure(&self, tag: &str) {
-        if let Some(buffer) = self.tags.load().get(tag.as_bytes()) {
+        if let Some(buffer) = self.loaded_buffer_of(tag) {
             buffer.lock().forget_failure();
             buffer
                 .period_exhausted

@@ -1,0 +1,328 @@
+//! The marks on disk: a snapshot in two slot files written in turn, and an append-only log of
+//! the marks raised since, compacted into the next snapshot once it outgrows it.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// A log shorter than this is never compacted: appending is cheaper than rewriting every mark.
+const COMPACT_AT_LEAST: u64 = 1 << 20;
+
+/// One snapshot: `{seq, marks}`. Slot `.a` holds even, `.b` odd sequence numbers; each write
+/// truncates the older slot, writes and fdatasyncs it, so the newest slot that parses is
+/// always complete, and a write torn by a crash leaves the other, one snapshot older.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct Record {
+    pub seq: u64,
+    pub marks: HashMap<String, i64>,
+}
+
+/// The log's first line: the snapshot it follows. A process that finds another number there
+/// knows another process compacted, and reads the snapshot and the log again.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Header {
+    after: u64,
+}
+
+pub(super) fn slot(path: &Path, seq: u64) -> PathBuf {
+    suffixed(path, if seq.is_multiple_of(2) { ".a" } else { ".b" })
+}
+
+fn suffixed(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+fn dir_of(path: &Path) -> PathBuf {
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => dir.to_path_buf(),
+        None => PathBuf::from("."),
+    }
+}
+
+/// Raises `tag`'s mark in `marks` to `mark`.
+pub(super) fn raise(marks: &mut HashMap<String, i64>, tag: &str, mark: i64) {
+    match marks.get_mut(tag) {
+        Some(known) => *known = (*known).max(mark),
+        None => {
+            marks.insert(tag.to_string(), mark);
+        }
+    }
+}
+
+/// The newest complete snapshot of the two slots, and the slots that could not be parsed.
+pub(super) fn read_newest(path: &Path) -> Result<(Option<Record>, Vec<String>), String> {
+    let mut newest: Option<Record> = None;
+    let mut unreadable = Vec::new();
+    for seq in [0, 1] {
+        let file = slot(path, seq);
+        match std::fs::read(&file) {
+            // A torn or empty slot is the older one: the other holds the last record.
+            Ok(bytes) => match serde_json::from_slice::<Record>(&bytes) {
+                Ok(record) => {
+                    if newest.as_ref().is_none_or(|n| record.seq > n.seq) {
+                        newest = Some(record)
+                    }
+                }
+                Err(e) => unreadable.push(format!("{}: {e}", file.display())),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("segment marks file {}: {e}", file.display())),
+        }
+    }
+    Ok((newest, unreadable))
+}
+
+/// The log's entries from byte `from` on: `(header, entries, end of the last complete line)`.
+/// A last line without its newline is a write torn by a crash or a full disk: not an entry,
+/// and the next append overwrites it. A complete line that does not parse is skipped.
+fn parse_log(bytes: &[u8], from: u64) -> (Option<u64>, Vec<(String, i64)>, u64) {
+    let mut header = None;
+    let mut entries = Vec::new();
+    let mut at = from as usize;
+    while let Some(len) = bytes[at..].iter().position(|&b| b == b'\n') {
+        let line = &bytes[at..at + len];
+        if at == 0 {
+            if let Ok(h) = serde_json::from_slice::<Header>(line) {
+                header = Some(h.after);
+            }
+        }
+        if let Ok(entry) = serde_json::from_slice::<(String, i64)>(line) {
+            entries.push(entry);
+        }
+        at += len + 1;
+    }
+    (header, entries, at as u64)
+}
+
+/// This process's handle on the marks files; one write at a time (the caller serialises).
+pub(super) struct Journal {
+    path: PathBuf,
+    /// `<path>.lock` and `<path>.log`, opened at the first write.
+    files: Option<(File, File)>,
+    /// The snapshot the log followed when this process last read it.
+    generation: u64,
+    /// Bytes of the log this process has read, up to the end of its last complete line.
+    read_to: u64,
+    /// Size of the newest snapshot: the log is compacted once it is twice as long.
+    snapshot_bytes: u64,
+    /// Sequence number of the newest complete snapshot.
+    snapshot_seq: u64,
+    /// The log is never compacted below this length.
+    pub compact_at_least: u64,
+}
+
+/// What [`Journal::open`] found: the marks and the slots that could not be read.
+pub(super) struct Opened {
+    pub journal: Journal,
+    pub marks: HashMap<String, i64>,
+    pub unreadable: Vec<String>,
+}
+
+impl Journal {
+    /// Reads the newest snapshot and the log after it.
+    pub fn open(path: PathBuf) -> Result<Opened, String> {
+        let (newest, unreadable) = read_newest(&path)?;
+        let (snapshot_seq, mut marks) = newest.map_or((0, HashMap::new()), |r| (r.seq, r.marks));
+        let snapshot_bytes = std::fs::metadata(slot(&path, snapshot_seq)).map_or(0, |m| m.len());
+        let log_path = suffixed(&path, ".log");
+        let bytes = match std::fs::read(&log_path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(format!("segment marks log {}: {e}", log_path.display())),
+        };
+        let (header, entries, read_to) = parse_log(&bytes, 0);
+        for (tag, mark) in entries {
+            raise(&mut marks, &tag, mark);
+        }
+        Ok(Opened {
+            journal: Journal {
+                path,
+                files: None,
+                generation: header.unwrap_or(0),
+                read_to,
+                snapshot_bytes,
+                snapshot_seq,
+                compact_at_least: COMPACT_AT_LEAST,
+            },
+            marks,
+            unreadable,
+        })
+    }
+
+    fn fail(&self, what: &str, e: impl std::fmt::Display) -> String {
+        format!("segment marks {}{what}: {e}", self.path.display())
+    }
+
+    /// The lock and log files (handles of one open file each), opened (created) at the first
+    /// call, the directory's new entries made durable.
+    fn files(&mut self) -> Result<(File, File), String> {
+        if self.files.is_none() {
+            let dir = dir_of(&self.path);
+            std::fs::create_dir_all(&dir).map_err(|e| self.fail("", e))?;
+            let open = |suffix: &str| {
+                OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .read(true)
+                    .write(true)
+                    .open(suffixed(&self.path, suffix))
+                    .map_err(|e| self.fail(suffix, e))
+            };
+            let files = (open(".lock")?, open(".log")?);
+            File::open(&dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| self.fail("", e))?;
+            self.files = Some(files);
+        }
+        let (lock, log) = self.files.as_ref().expect("opened above");
+        let clone = |f: &File| f.try_clone().map_err(|e| self.fail("", e));
+        Ok((clone(lock)?, clone(log)?))
+    }
+
+    /// Appends `batch` to the log and fdatasyncs it, under the directory's lock. Returns the
+    /// marks other processes sharing the directory wrote since this one last looked.
+    pub fn append(&mut self, batch: &HashMap<String, i64>) -> Result<Vec<(String, i64)>, String> {
+        let mut lines = Vec::with_capacity(batch.len() * 32);
+        for entry in batch {
+            serde_json::to_writer(&mut lines, &entry).map_err(|e| self.fail(".log", e))?;
+            lines.push(b'\n');
+        }
+        let _locked = self.lock()?;
+        let others = self.catch_up()?;
+        let (_, log) = self.files()?;
+        let at = self.read_to;
+        let written = log
+            .set_len(at)
+            .and_then(|()| log.write_all_at(&lines, at))
+            .and_then(|()| log.sync_data());
+        if let Err(e) = written {
+            // The torn tail is cut off (or overwritten) by the next append.
+            let _ = log.set_len(at);
+            return Err(self.fail(".log", e));
+        }
+        self.read_to = at + lines.len() as u64;
+        Ok(others)
+    }
+
+    /// True once this process appended to the log.
+    pub fn appended(&self) -> bool {
+        self.files.is_some()
+    }
+
+    /// True once the log is long enough that rewriting every mark costs less than reading it.
+    pub fn wants_compaction(&self) -> bool {
+        self.read_to > self.compact_at_least.max(2 * self.snapshot_bytes)
+    }
+
+    /// Writes `marks` merged with everything on disk as the next snapshot, then empties the
+    /// log. A crash between the two leaves a log whose marks the snapshot already holds.
+    pub fn compact(
+        &mut self,
+        mut marks: HashMap<String, i64>,
+    ) -> Result<Vec<(String, i64)>, String> {
+        let _locked = self.lock()?;
+        let others = self.catch_up()?;
+        for (tag, mark) in &others {
+            raise(&mut marks, tag, *mark);
+        }
+        let (on_disk, _) = read_newest(&self.path)?;
+        let mut record = Record {
+            seq: self.snapshot_seq + 1,
+            marks,
+        };
+        if let Some(disk) = on_disk {
+            record.seq = record.seq.max(disk.seq + 1);
+            for (tag, mark) in disk.marks {
+                raise(&mut record.marks, &tag, mark);
+            }
+        }
+        self.snapshot_bytes = write_slot(&self.path, &record)?;
+        self.snapshot_seq = record.seq;
+        let mut header =
+            serde_json::to_vec(&Header { after: record.seq }).map_err(|e| self.fail(".log", e))?;
+        header.push(b'\n');
+        let (_, log) = self.files()?;
+        log.set_len(0)
+            .and_then(|()| log.write_all_at(&header, 0))
+            .and_then(|()| log.sync_data())
+            .map_err(|e| self.fail(".log", e))?;
+        self.generation = record.seq;
+        self.read_to = header.len() as u64;
+        Ok(others)
+    }
+
+    /// Takes the directory's exclusive lock (released when the guard drops, and by the kernel
+    /// if the process dies).
+    fn lock(&mut self) -> Result<LockGuard, String> {
+        let (lock, _) = self.files()?;
+        lock.lock().map_err(|e| self.fail(".lock", e))?;
+        Ok(LockGuard(lock))
+    }
+
+    /// Reads what other processes appended (or, after another's compaction, the snapshot and
+    /// the whole log again); the caller holds the lock.
+    fn catch_up(&mut self) -> Result<Vec<(String, i64)>, String> {
+        let (_, log) = self.files()?;
+        let len = log.metadata().map_err(|e| self.fail(".log", e))?.len();
+        let mut first = [0u8; 64];
+        let n = log
+            .read_at(&mut first, 0)
+            .map_err(|e| self.fail(".log", e))?;
+        let header = parse_log(&first[..n], 0).0.unwrap_or(0);
+        if header == self.generation && len >= self.read_to {
+            let mut bytes = vec![0u8; (len - self.read_to) as usize];
+            log.read_exact_at(&mut bytes, self.read_to)
+                .map_err(|e| self.fail(".log", e))?;
+            let (_, entries, end) = parse_log(&bytes, 0);
+            self.read_to += end;
+            return Ok(entries);
+        }
+        let mut bytes = vec![0u8; len as usize];
+        log.read_exact_at(&mut bytes, 0)
+            .map_err(|e| self.fail(".log", e))?;
+        let (header, mut entries, end) = parse_log(&bytes, 0);
+        let (newest, _) = read_newest(&self.path)?;
+        if let Some(snapshot) = newest {
+            self.snapshot_seq = snapshot.seq;
+            entries.extend(snapshot.marks);
+        }
+        self.generation = header.unwrap_or(0);
+        self.read_to = end;
+        Ok(entries)
+    }
+}
+
+struct LockGuard(File);
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
+    }
+}
+
+/// Writes `record` to its slot and fdatasyncs it; returns its size.
+fn write_slot(path: &Path, record: &Record) -> Result<u64, String> {
+    let file = slot(path, record.seq);
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", file.display());
+    let json = serde_json::to_vec(record).map_err(|e| fail(&e))?;
+    let created = !file.exists();
+    let mut out = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&file)
+        .map_err(|e| fail(&e))?;
+    out.write_all(&json).map_err(|e| fail(&e))?;
+    out.sync_data().map_err(|e| fail(&e))?;
+    if created {
+        // A new file's directory entry must be durable too (once per slot).
+        File::open(dir_of(path))
+            .and_then(|d| d.sync_all())
+            .map_err(|e| fail(&e))?;
+    }
+    Ok(json.len() as u64)
+}

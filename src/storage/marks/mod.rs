@@ -1,0 +1,366 @@
+//! Segment high-water marks: the highest `max_id` this node has loaded per tag, kept durably in
+//! its state directory, so a database that went back in time cannot make it hand out IDs twice.
+
+mod journal;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use journal::{raise, Journal};
+
+use super::StoreError;
+
+/// The marks of one node. Each raised mark is appended to `<path>.log` and fdatasynced before
+/// [`SegmentMarks::record`] returns; marks raised while a write is under way go out together in
+/// the next one (group commit), so a write costs one fdatasync of the new marks only, whatever
+/// the number of tags. Once the log is longer than twice the snapshot, the marks are rewritten
+/// as a snapshot in two slot files (`<path>.a`, `<path>.b`, written in turn) and the log starts
+/// over; a write torn by a crash or a full disk is cut off by the next one.
+///
+/// Processes that share a state directory (one working directory, one config) share the
+/// marks: each write holds an exclusive lock on `<path>.lock` and first reads what the others
+/// appended since. A mark is a `max_id` the database handed to some node, so a range at or
+/// below any of them is the database gone back, whichever node loaded it.
+pub struct SegmentMarks {
+    state: Mutex<Marks>,
+    /// The files (`None`: marks kept in memory only); one write at a time.
+    writer: tokio::sync::Mutex<Option<Journal>>,
+    in_memory: bool,
+}
+
+#[derive(Default)]
+struct Marks {
+    marks: HashMap<String, i64>,
+    /// Marks raised since the last write began, for the next write.
+    pending: HashMap<String, i64>,
+    /// Numbers the calls to `record`; every call up to `durable` is on disk.
+    issued: u64,
+    durable: u64,
+}
+
+impl SegmentMarks {
+    /// Reads the newest complete snapshot of the two slots and the log after it. Nothing yet
+    /// is a node that never loaded a segment. Both slots present and neither readable means
+    /// the marks are lost, and with them the guard against a database that went back: an
+    /// error naming the files and what to do, unless `discard_unreadable` (the operator's
+    /// explicit choice) says to start without them. One slot alone that cannot be read is the
+    /// first snapshot ever, torn by a crash: the log it was compacted from still holds its marks.
+    pub fn open(
+        path: impl Into<PathBuf>,
+        discard_unreadable: bool,
+    ) -> Result<Arc<SegmentMarks>, StoreError> {
+        let opened = Journal::open(path.into()).map_err(StoreError::Unavailable)?;
+        if opened.unreadable.len() == 2 {
+            let files = opened.unreadable.join("; ");
+            if !discard_unreadable {
+                return Err(StoreError::MarksUnreadable(format!(
+                    "segment marks unreadable ({files}): this node no longer knows the highest IDs it served. \
+                     Restore the files, or move every tag past the database with LEAF.TAG SKIPALL <n> on another node \
+                     and delete them, or set storage.discard_unreadable_marks = true to start without them"
+                )));
+            }
+            tracing::warn!(files = %files, "segment marks unreadable; starting without them (storage.discard_unreadable_marks)");
+        }
+        Ok(Arc::new(SegmentMarks {
+            state: Mutex::new(Marks {
+                marks: opened.marks,
+                ..Marks::default()
+            }),
+            writer: tokio::sync::Mutex::new(Some(opened.journal)),
+            in_memory: false,
+        }))
+    }
+
+    /// Marks kept in memory only (tests, benchmarks).
+    pub fn in_memory() -> Arc<SegmentMarks> {
+        Arc::new(SegmentMarks {
+            state: Mutex::new(Marks::default()),
+            writer: tokio::sync::Mutex::new(None),
+            in_memory: true,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Marks> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The highest `max_id` this node loaded for `tag`.
+    pub fn get(&self, tag: &str) -> Option<i64> {
+        self.lock().marks.get(tag).copied()
+    }
+
+    /// Raises the mark of `tag` to `max_id` and makes it durable before returning. The mark
+    /// rises in memory at once, also when the write fails (a full disk); a failed write's
+    /// marks go out with the next one.
+    pub async fn record(&self, tag: &str, max_id: i64) -> Result<(), String> {
+        let ticket = {
+            let mut state = self.lock();
+            raise(&mut state.marks, tag, max_id);
+            raise(&mut state.pending, tag, max_id);
+            state.issued += 1;
+            state.issued
+        };
+        let mut writer = self.writer.lock().await;
+        let (batch, upto) = {
+            let mut state = self.lock();
+            if state.durable >= ticket {
+                // A write that began after this call raised the mark carried it.
+                return Ok(());
+            }
+            (std::mem::take(&mut state.pending), state.issued)
+        };
+        if self.in_memory {
+            self.lock().durable = upto;
+            return Ok(());
+        }
+        let Some(mut journal) = writer.take() else {
+            return Err("segment marks: an earlier write panicked; restart the node".into());
+        };
+        let (journal, batch, written) = tokio::task::spawn_blocking(move || {
+            let written = journal.append(&batch);
+            (journal, batch, written)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        *writer = Some(journal);
+        let others = match written {
+            Ok(others) => others,
+            Err(e) => {
+                let mut state = self.lock();
+                for (tag, mark) in batch {
+                    raise(&mut state.pending, &tag, mark);
+                }
+                return Err(e);
+            }
+        };
+        let compact = {
+            let mut state = self.lock();
+            state.durable = upto;
+            for (tag, mark) in others {
+                raise(&mut state.marks, &tag, mark);
+            }
+            let wants = writer.as_ref().is_some_and(Journal::wants_compaction);
+            wants.then(|| state.marks.clone())
+        };
+        if let Some(marks) = compact {
+            self.compact(&mut writer, marks).await;
+        }
+        Ok(())
+    }
+
+    /// At a clean stop: rewrites the marks as a snapshot if this process appended any, so a
+    /// release before the log (which reads the slots only) finds every mark after a rollback.
+    pub async fn close(&self) {
+        let mut writer = self.writer.lock().await;
+        if writer.as_ref().is_some_and(Journal::appended) {
+            let marks = self.lock().marks.clone();
+            self.compact(&mut writer, marks).await;
+        }
+    }
+
+    /// Rewrites the marks as a snapshot and empties the log. A failure (a full disk) only
+    /// leaves the log longer: it is tried again after a later write.
+    async fn compact(&self, writer: &mut Option<Journal>, marks: HashMap<String, i64>) {
+        let Some(mut journal) = writer.take() else {
+            return;
+        };
+        let Ok((journal, compacted)) = tokio::task::spawn_blocking(move || {
+            let compacted = journal.compact(marks);
+            (journal, compacted)
+        })
+        .await
+        else {
+            return;
+        };
+        *writer = Some(journal);
+        match compacted {
+            Ok(others) => {
+                let mut state = self.lock();
+                for (tag, mark) in others {
+                    raise(&mut state.marks, &tag, mark);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "segment marks: compaction failed; the log keeps every mark and compaction is tried again later")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl SegmentMarks {
+    /// Compacts once the log passes `bytes` (tests reach compaction with a few marks).
+    fn compact_after(self: Arc<Self>, bytes: u64) -> Arc<Self> {
+        if let Some(journal) = self.writer.try_lock().expect("unused").as_mut() {
+            journal.compact_at_least = bytes;
+        }
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::journal::slot;
+    use super::*;
+
+    fn log_of(path: &std::path::Path) -> PathBuf {
+        PathBuf::from(format!("{}.log", path.display()))
+    }
+
+    /// Two writers on one path (two processes sharing a state directory; the lock is per open
+    /// file, so two handles in one process exclude each other alike), writing at once and
+    /// compacting often: the marks on disk are the highest each tag reached anywhere.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn processes_sharing_a_directory_merge_their_marks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("marks.json");
+        let first = SegmentMarks::open(&path, false).unwrap().compact_after(300);
+        let second = SegmentMarks::open(&path, false).unwrap().compact_after(300);
+        let write = |marks: Arc<SegmentMarks>, offset: i64| {
+            tokio::spawn(async move {
+                for i in 1..=200i64 {
+                    marks
+                        .record(&format!("t{}", i % 7), i * 10 + offset)
+                        .await
+                        .unwrap();
+                }
+            })
+        };
+        let (a, b) = (write(first.clone(), 1), write(second.clone(), 2));
+        a.await.unwrap();
+        b.await.unwrap();
+        let reopened = SegmentMarks::open(&path, false).unwrap();
+        for t in 0..7i64 {
+            let highest = (1..=200i64).filter(|i| i % 7 == t).max().unwrap() * 10 + 2;
+            assert_eq!(reopened.get(&format!("t{t}")), Some(highest), "t{t}");
+        }
+        let (newest, unreadable) = journal::read_newest(&path).unwrap();
+        assert!(unreadable.is_empty(), "{unreadable:?}");
+        assert!(newest.is_some_and(|r| r.seq >= 2), "the log was compacted");
+        // Each learnt the other's marks at its own writes.
+        first.record("t0", 0).await.unwrap();
+        assert_eq!(first.get("t0"), reopened.get("t0"));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn marks_only_rise_and_survive_a_reopen_and_a_torn_log_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("marks.json");
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(marks.get("order"), None);
+        marks.record("order", 500).await.unwrap();
+        marks.record("order", 300).await.unwrap();
+        marks.record("pay", 7).await.unwrap();
+        let reopened = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(
+            (reopened.get("order"), reopened.get("pay")),
+            (Some(500), Some(7))
+        );
+        // A crash tore the last append: its line has no newline and is not a mark.
+        let mut log = std::fs::read(log_of(&path)).unwrap();
+        log.extend_from_slice(b"[\"pay\",90");
+        std::fs::write(log_of(&path), &log).unwrap();
+        let reopened = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(
+            (reopened.get("order"), reopened.get("pay")),
+            (Some(500), Some(7))
+        );
+        // The next append replaces the torn line, so the marks after it are read.
+        reopened.record("pay", 9).await.unwrap();
+        reopened.record("order", 501).await.unwrap();
+        let again = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!((again.get("order"), again.get("pay")), (Some(501), Some(9)));
+    }
+
+    /// A compaction writes every mark as a snapshot and starts the log over; a snapshot torn by
+    /// a crash leaves the slot before it and the log, which together hold every mark.
+    #[tokio::test(flavor = "current_thread")]
+    async fn compaction_keeps_every_mark_and_a_torn_snapshot_loses_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("marks.json");
+        let marks = SegmentMarks::open(&path, false)
+            .unwrap()
+            .compact_after(2000);
+        for i in 0..500i64 {
+            marks.record(&format!("tag{}", i % 50), i).await.unwrap();
+        }
+        let (newest, _) = journal::read_newest(&path).unwrap();
+        let newest = newest.expect("compacted");
+        assert!(std::fs::metadata(log_of(&path)).unwrap().len() < 4000);
+        let reopened = SegmentMarks::open(&path, false).unwrap();
+        for t in 0..50i64 {
+            assert_eq!(reopened.get(&format!("tag{t}")), Some(450 + t), "tag{t}");
+        }
+        // A crash tore the newest snapshot, so it never emptied the log that held its marks:
+        // tear it, and put those marks back in the log.
+        let before = std::fs::read(slot(&path, newest.seq)).unwrap();
+        std::fs::write(slot(&path, newest.seq), &before[..before.len() / 2]).unwrap();
+        let mut log = std::fs::read(log_of(&path)).unwrap();
+        for (tag, mark) in &newest.marks {
+            log.extend_from_slice(format!("[\"{tag}\",{mark}]\n").as_bytes());
+        }
+        std::fs::write(log_of(&path), log).unwrap();
+        let reopened = SegmentMarks::open(&path, false).unwrap();
+        for t in 0..50i64 {
+            assert_eq!(reopened.get(&format!("tag{t}")), Some(450 + t), "tag{t}");
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn unreadable_marks_refuse_to_open_unless_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment-marks.json");
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        marks.record("order", 500).await.unwrap();
+        marks.record("order", 600).await.unwrap();
+        std::fs::write(slot(&path, 0), b"garbage").unwrap();
+        std::fs::write(slot(&path, 1), b"").unwrap();
+        let refused = SegmentMarks::open(&path, false).err().expect("refused");
+        let text = refused.to_string();
+        assert!(text.contains("segment-marks.json.a"), "{text}");
+        assert!(text.contains("segment-marks.json.b"), "{text}");
+        assert!(text.contains("LEAF.TAG SKIPALL"), "{text}");
+        assert!(text.contains("storage.discard_unreadable_marks"), "{text}");
+        let discarded = SegmentMarks::open(&path, true).unwrap();
+        assert_eq!(
+            discarded.get("order"),
+            Some(600),
+            "the log's marks are still read"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lone_torn_first_slot_is_no_loss() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment-marks.json");
+        std::fs::write(slot(&path, 1), b"{\"seq\":1,\"mar").unwrap();
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(marks.get("order"), None);
+    }
+
+    /// Writes that fail (a full disk; here a directory in the log's place) return the error,
+    /// the mark still rises in memory, and the next write that succeeds carries every mark the
+    /// failed ones did not write.
+    #[tokio::test(flavor = "current_thread")]
+    async fn failed_writes_are_carried_by_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment-marks.json");
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        std::fs::create_dir(log_of(&path)).unwrap();
+        assert!(marks.record("order", 200).await.is_err());
+        assert!(marks.record("pay", 300).await.is_err());
+        assert_eq!(marks.get("order"), Some(200), "the mark rises in memory");
+        std::fs::remove_dir(log_of(&path)).unwrap();
+        marks.record("refund", 1).await.unwrap();
+        let on_disk = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(
+            (
+                on_disk.get("order"),
+                on_disk.get("pay"),
+                on_disk.get("refund")
+            ),
+            (Some(200), Some(300), Some(1))
+        );
+    }
+}
