@@ -2,9 +2,12 @@
 //! row, compares the instance that wrote it last with the one answering now, and writes both.
 
 /// Implements [`super::SegmentStore`] for a store with a `pool` field. `$instance` names the
-/// database instance a connection reaches (an async fn over the dialect's connection). The SQL
-/// texts bind, in order: `lock` the tag (a `SELECT … FOR UPDATE` of `biz_tag, max_id, step,
-/// description, writer, opaque, exclusive_max, split`); `advance` the new max_id, the same again for
+/// database instance a connection reaches (an async fn over the dialect's connection);
+/// `$locked_instance` the same for an allocation, given the store, the connection and the
+/// locked row, whose `instance` column saves the round trip where the dialect can compute it
+/// in the lock statement. The SQL texts bind, in order: `lock` the tag (a `SELECT … FOR
+/// UPDATE` of `biz_tag, max_id, step, description, writer, opaque, exclusive_max, split,
+/// instance`); `advance` the new max_id, the same again for
 /// `exclusive_max`, the writer, the tag; `insert` tag, max_id, the same again for
 /// `exclusive_max`, step, description, writer, split; `set_step` step then tag. `$row` maps a locked row to a
 /// [`super::LeafAlloc`].
@@ -15,6 +18,7 @@ macro_rules! locked_segment_store {
         row: $row:path,
         placeholder: $placeholder:path,
         instance: $instance:path,
+        locked_instance: $locked_instance:path,
         lock: $lock:expr,
         advance: $advance:expr,
         insert: $insert:expr,
@@ -33,11 +37,11 @@ macro_rules! locked_segment_store {
             ) -> Result<$crate::storage::LeafAlloc, $crate::storage::StoreError> {
                 let grant = &grant;
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    let current = $instance(&mut *tx).await?;
                     let rows = sqlx::query($lock).bind(tag).fetch_all(&mut *tx).await?;
                     let Some(row) = rows.first() else {
                         return Err($crate::storage::StoreError::UnknownTag(tag.to_string()));
                     };
+                    let current = $locked_instance(self, &mut *tx, row).await?;
                     let mut alloc = $row(row)?;
                     if let Some(refused) = $crate::storage::refused_rule(
                         tag,

@@ -67,13 +67,25 @@ async fn instance(conn: &mut sqlx::PgConnection) -> Result<String, sqlx::Error> 
     Ok(id)
 }
 
+/// [`instance`], computed by the lock statement itself (one round trip less per allocation).
+async fn locked_instance(
+    _store: &PostgresStore,
+    _conn: &mut sqlx::PgConnection,
+    row: &sqlx::postgres::PgRow,
+) -> Result<String, sqlx::Error> {
+    sqlx::Row::try_get(row, "instance")
+}
+
 super::locked::locked_segment_store!(
     PostgresStore,
     backend: "postgres",
     row: row_to_alloc,
     placeholder: super::workers::dollar,
     instance: instance,
-    lock: "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split \
+    locked_instance: locked_instance,
+    lock: "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split, \
+           'postgres:' || (SELECT system_identifier FROM pg_control_system())::text \
+           || ':timeline:' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS instance \
            FROM leaf_alloc \
            WHERE biz_tag = $1 FOR UPDATE",
     advance: "UPDATE leaf_alloc SET max_id = $1, exclusive_max = $2, writer = $3, \
