@@ -23,6 +23,15 @@ macro_rules! sql_segment_store {
             Ok(rows.iter().map($row).collect::<Result<Vec<_>, _>>()?)
         }
 
+        async fn row(
+            &self,
+            tag: &str,
+        ) -> Result<Option<$crate::storage::LeafAlloc>, $crate::storage::StoreError> {
+            let sql = format!("{}{}", $crate::storage::ONE_ROW, $p(1));
+            let rows = sqlx::query(&sql).bind(tag).fetch_all(&self.pool).await?;
+            Ok(rows.first().map($row).transpose()?)
+        }
+
         async fn claim_opaque(
             &self,
             tag: &str,

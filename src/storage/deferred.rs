@@ -53,6 +53,10 @@ impl SegmentStore for DeferredStore {
         self.store()?.list().await
     }
 
+    async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
+        self.store()?.row(tag).await
+    }
+
     async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
         self.store()?.create_tag(new).await
     }

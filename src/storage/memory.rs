@@ -70,6 +70,10 @@ impl SegmentStore for MemoryStore {
         Ok(self.rows().values().cloned().collect())
     }
 
+    async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
+        Ok(self.rows().get(tag).cloned())
+    }
+
     async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
         let mut rows = self.rows();
         if rows.len() >= new.max_tags {

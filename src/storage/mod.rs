@@ -36,6 +36,9 @@ pub use sqlite::SqliteStore;
 /// Every row of `leaf_alloc`, in the column order the dialects' row mappers read.
 const LIST_ROWS: &str = "SELECT biz_tag, max_id, step, description, opaque, split, \
      CAST(update_time AS CHAR(32)) AS update_time FROM leaf_alloc ORDER BY biz_tag";
+/// One row as [`LIST_ROWS`] reads it; the placeholder is appended by the dialect.
+const ONE_ROW: &str = "SELECT biz_tag, max_id, step, description, opaque, split, \
+     CAST(update_time AS CHAR(32)) AS update_time FROM leaf_alloc WHERE biz_tag = ";
 
 /// The first statement of every tag creation: all creators, on every node and every member of
 /// a multi-primary cluster, serialize on this row before counting the tags.
@@ -324,6 +327,10 @@ pub trait SegmentStore: Send + Sync + 'static {
 
     /// Every row of the table.
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError>;
+
+    /// One row of the table (`None`: no such tag), for a tag a node meets for the first time:
+    /// one indexed read, whatever the number of tags.
+    async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError>;
 
     /// Inserts a tag, unless the table holds `new.max_tags` tags already
     /// ([`StoreError::TagLimit`]) or the tag exists ([`StoreError::TagExists`]): counted and

@@ -53,6 +53,11 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
         self.run(|s| async move { s.list().await }).await
     }
 
+    async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
+        let tag = tag.to_string();
+        self.run(|s| async move { s.row(&tag).await }).await
+    }
+
     async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
         let new = new.clone();
         self.run(|s| async move { s.create_tag(&new).await }).await

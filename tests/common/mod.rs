@@ -336,6 +336,10 @@ impl SegmentStore for FlakyStore {
         self.gate().await?;
         self.inner.list().await
     }
+    async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
+        self.gate().await?;
+        self.inner.row(tag).await
+    }
     async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
         self.gate().await?;
         self.inner.create_tag(new).await

@@ -389,9 +389,8 @@ pub struct SegmentEngine {
     marks: Arc<SegmentMarks>,
     /// Read on every request without a shared lock; replaced whole when the tag set changes.
     tags: ArcSwap<TagMap>,
-    /// Serialises changes of the tag set; holds the clock time of the last refresh that a
-    /// miss triggered (periodic refreshes do not count, so a miss right after one still looks).
-    tag_writer: tokio::sync::Mutex<Option<u64>>,
+    /// Serialises refreshes of the tag set and the reads of a missed tag's row.
+    tag_writer: tokio::sync::Mutex<()>,
     settings: SegmentSettings,
     clock: Arc<dyn Clock>,
     stats: SegmentStats,
@@ -411,7 +410,7 @@ impl SegmentEngine {
             store,
             marks,
             tags: ArcSwap::from_pointee(TagMap::default()),
-            tag_writer: tokio::sync::Mutex::new(None),
+            tag_writer: tokio::sync::Mutex::new(()),
             settings,
             clock,
             stats: SegmentStats::default(),

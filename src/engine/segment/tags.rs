@@ -1,4 +1,4 @@
-//! The tag set: tag-name rules, the map re-read from the table (periodically and on a miss),
+//! The tag set: tag-name rules, the map re-read from the table (periodically; a miss reads its row),
 //! and the admin operations (create, step, skip).
 
 use std::sync::Arc;
@@ -16,10 +16,6 @@ pub const MAX_TAG_LEN: usize = 128;
 /// Largest first ID accepted for a tag, leaving room for billions of segments before i64 ends.
 pub const MAX_TAG_START: i64 = 1 << 62;
 
-/// A miss on an unknown tag re-reads the tag list at most this often, so a flood of requests
-/// for tags that do not exist costs the database at most a few reads a second.
-const MISS_REFRESH_INTERVAL_MS: u64 = 200;
-
 /// Checks a tag name: 1–128 bytes of printable ASCII other than space.
 pub fn validate_tag_name(tag: &str) -> Result<(), String> {
     if tag.is_empty() || tag.len() > MAX_TAG_LEN {
@@ -32,32 +28,44 @@ pub fn validate_tag_name(tag: &str) -> Result<(), String> {
 }
 
 impl SegmentEngine {
-    /// On a miss, re-reads the tag list (at most every 200 ms) so a tag created on another
-    /// node is usable here before the periodic refresh.
+    /// On a miss, reads the tag's row (one indexed read, whatever the number of tags), so a
+    /// tag created on another node is usable here at once. Misses are read one at a time, so
+    /// a flood of requests for tags that do not exist costs the database one read in flight.
     pub(super) async fn lookup_after_refresh(
         &self,
         tag: &str,
     ) -> Result<Arc<TagBuffer>, SegmentError> {
         validate_tag_name(tag).map_err(|_| SegmentError::UnknownTag(tag.to_string()))?;
-        let mut last_refresh = self.tag_writer.lock().await;
+        let writer = self.tag_writer.lock().await;
         if let Some(buffer) = self.buffer_of(tag) {
             return Ok(buffer);
         }
-        let now = self.clock.now_millis();
-        if last_refresh.is_none_or(|t| now.saturating_sub(t) >= MISS_REFRESH_INTERVAL_MS) {
-            self.refresh_locked()
-                .await
-                .map_err(|e| SegmentError::Unavailable {
-                    tag: tag.to_string(),
-                    reason: store_reason(&e),
-                })?;
-            *last_refresh = Some(now);
+        let row = self
+            .store
+            .row(tag)
+            .await
+            .map_err(|e| SegmentError::Unavailable {
+                tag: tag.to_string(),
+                reason: store_reason(&e),
+            })?;
+        if let Some(row) = row {
+            self.insert_entry(tag, row.split.as_deref());
+            if let Some(buffer) = self.buffer_of(tag) {
+                return Ok(buffer);
+            }
         }
-        if let Some(buffer) = self.buffer_of(tag) {
-            return Ok(buffer);
-        }
-        drop(last_refresh);
+        drop(writer);
         self.create_on_first_use(tag).await
+    }
+
+    /// Adds a tag of the table to the map, unless it is there already.
+    fn insert_entry(&self, tag: &str, recorded: Option<&str>) {
+        self.tags.rcu(|map| {
+            let mut map = TagMap::clone(map);
+            map.entry(Box::from(tag.as_bytes()))
+                .or_insert_with(|| TagEntry::new(recorded));
+            map
+        });
     }
 
     /// `segment.auto_create`: an unknown tag the pattern allows is created (one INSERT, so
@@ -83,12 +91,18 @@ impl SegmentEngine {
             );
         } else {
             // Another node created it first: read its row.
-            self.refresh_tags()
+            let _writer = self.tag_writer.lock().await;
+            let row = self
+                .store
+                .row(tag)
                 .await
                 .map_err(|e| SegmentError::Unavailable {
                     tag: tag.to_string(),
                     reason: store_reason(&e),
                 })?;
+            if let Some(row) = row {
+                self.insert_entry(tag, row.split.as_deref());
+            }
         }
         self.buffer_of(tag)
             .ok_or_else(|| SegmentError::UnknownTag(tag.to_string()))
@@ -215,12 +229,7 @@ impl SegmentEngine {
         };
         // Two members of a multi-primary cluster may update the guard at once.
         retry_conflicts(|| self.store.create_tag(&new)).await?;
-        self.tags.rcu(|map| {
-            let mut map = TagMap::clone(map);
-            map.entry(Box::from(tag.as_bytes()))
-                .or_insert_with(|| TagEntry::new(new.split.as_deref()));
-            map
-        });
+        self.insert_entry(tag, new.split.as_deref());
         Ok(())
     }
 
@@ -244,7 +253,7 @@ impl SegmentEngine {
     /// (as its row records it) skips `n` numbers of its current period, at most the rest of
     /// it: never into a later period, whose numbers start at 1 as always.
     pub async fn skip(&self, tag: &str, n: i64) -> Result<i64, SegmentError> {
-        let row = self.store.list().await?.into_iter().find(|r| r.tag == tag);
+        let row = self.store.row(tag).await?;
         let Some(row) = row else {
             return Err(SegmentError::UnknownTag(tag.to_string()));
         };
@@ -359,7 +368,7 @@ impl SegmentEngine {
                 "start must be between 1 and {MAX_TAG_START}"
             )));
         }
-        let row = self.store.list().await?.into_iter().find(|r| r.tag == tag);
+        let row = self.store.row(tag).await?;
         let Some(row) = row else {
             return Err(SegmentError::UnknownTag(tag.to_string()));
         };

@@ -122,6 +122,9 @@ impl SegmentStore for SlowStore {
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         self.inner.list().await
     }
+    async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
+        self.inner.row(tag).await
+    }
     async fn create_tag(&self, new: &crate::storage::NewTag) -> Result<(), StoreError> {
         self.inner.create_tag(new).await
     }
