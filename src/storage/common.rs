@@ -23,6 +23,14 @@ macro_rules! sql_segment_store {
             Ok(rows.iter().map($row).collect::<Result<Vec<_>, _>>()?)
         }
 
+        async fn rules(
+            &self,
+        ) -> Result<Vec<(String, Option<String>)>, $crate::storage::StoreError> {
+            Ok(sqlx::query_as("SELECT biz_tag, split FROM leaf_alloc")
+                .fetch_all(&self.pool)
+                .await?)
+        }
+
         async fn row(
             &self,
             tag: &str,

@@ -53,6 +53,10 @@ impl SegmentStore for DeferredStore {
         self.store()?.list().await
     }
 
+    async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        self.store()?.rules().await
+    }
+
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         self.store()?.row(tag).await
     }

@@ -70,6 +70,14 @@ impl SegmentStore for MemoryStore {
         Ok(self.rows().values().cloned().collect())
     }
 
+    async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let rows = self.rows();
+        Ok(rows
+            .values()
+            .map(|r| (r.tag.clone(), r.split.clone()))
+            .collect())
+    }
+
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         Ok(self.rows().get(tag).cloned())
     }

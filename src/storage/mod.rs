@@ -328,6 +328,10 @@ pub trait SegmentStore: Send + Sync + 'static {
     /// Every row of the table.
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError>;
 
+    /// Every tag of the table with the rule its row records (`split`): what a node's tag map
+    /// holds, read without the rest of each row.
+    async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError>;
+
     /// One row of the table (`None`: no such tag), for a tag a node meets for the first time:
     /// one indexed read, whatever the number of tags.
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError>;

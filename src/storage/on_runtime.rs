@@ -53,6 +53,10 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
         self.run(|s| async move { s.list().await }).await
     }
 
+    async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        self.run(|s| async move { s.rules().await }).await
+    }
+
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         let tag = tag.to_string();
         self.run(|s| async move { s.row(&tag).await }).await

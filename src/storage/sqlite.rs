@@ -14,6 +14,8 @@ use crate::config::StorageConfig;
 
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// One allocation of this process at a time (see `returning_segment_store`).
+    writes: tokio::sync::Mutex<()>,
 }
 
 impl SqliteStore {
@@ -62,7 +64,10 @@ impl SqliteStore {
         if migrate {
             super::migrate::sqlite(&pool, sqlx::migrate!("./migrations/sqlite")).await?;
         }
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore {
+            pool,
+            writes: tokio::sync::Mutex::new(()),
+        })
     }
 }
 

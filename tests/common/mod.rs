@@ -336,6 +336,10 @@ impl SegmentStore for FlakyStore {
         self.gate().await?;
         self.inner.list().await
     }
+    async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        self.gate().await?;
+        self.inner.rules().await
+    }
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         self.gate().await?;
         self.inner.row(tag).await

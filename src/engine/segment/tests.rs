@@ -122,6 +122,9 @@ impl SegmentStore for SlowStore {
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         self.inner.list().await
     }
+    async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        self.inner.rules().await
+    }
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         self.inner.row(tag).await
     }
