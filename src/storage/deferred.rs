@@ -49,6 +49,13 @@ impl SegmentStore for DeferredStore {
         self.store()?.allocate(tag, grant).await
     }
 
+    async fn allocate_many(
+        &self,
+        requests: &[(String, Grant)],
+    ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
+        self.store()?.allocate_many(requests).await
+    }
+
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         self.store()?.list().await
     }

@@ -37,41 +37,22 @@ macro_rules! locked_segment_store {
             ) -> Result<$crate::storage::LeafAlloc, $crate::storage::StoreError> {
                 let grant = &grant;
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    let rows = sqlx::query($lock).bind(tag).fetch_all(&mut *tx).await?;
-                    let Some(row) = rows.first() else {
-                        return Err($crate::storage::StoreError::UnknownTag(tag.to_string()));
-                    };
-                    let current = $locked_instance(self, &mut *tx, row).await?;
-                    let mut alloc = $row(row)?;
-                    if let Some(refused) = $crate::storage::refused_rule(
-                        tag,
-                        alloc.split.as_deref(),
-                        grant.period_rule.as_deref(),
-                    ) {
-                        return Err(refused);
+                    let alloc = $crate::storage::locked::allocate_in!(self, tx, tag, grant, $lock, $advance, $row, $locked_instance)?;
+                    Ok((tx, alloc?))
+                })
+                .await
+            }
+
+            async fn allocate_many(
+                &self,
+                requests: &[(String, $crate::storage::Grant)],
+            ) -> Result<Vec<Result<$crate::storage::LeafAlloc, $crate::storage::StoreError>>, $crate::storage::StoreError> {
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    let mut out = Vec::with_capacity(requests.len());
+                    for (tag, grant) in requests {
+                        out.push($crate::storage::locked::allocate_in!(self, tx, tag, grant, $lock, $advance, $row, $locked_instance)?);
                     }
-                    let writer: Option<String> = sqlx::Row::try_get(row, "writer")?;
-                    let exclusive_max: Option<i64> = sqlx::Row::try_get(row, "exclusive_max")?;
-                    let (first, max_id, skip) = $crate::storage::failover::plan(
-                        tag,
-                        alloc.max_id,
-                        exclusive_max,
-                        grant.step.unwrap_or(alloc.step),
-                        writer.as_deref(),
-                        &current,
-                        grant,
-                    )?;
-                    sqlx::query($advance)
-                        .bind(max_id)
-                        .bind(max_id)
-                        .bind(&current)
-                        .bind(tag)
-                        .execute(&mut *tx)
-                        .await?;
-                    alloc.max_id = max_id;
-                    alloc.first = first;
-                    alloc.failover = skip;
-                    Ok((tx, alloc))
+                    Ok((tx, out))
                 })
                 .await
             }
@@ -130,3 +111,59 @@ macro_rules! locked_segment_store {
 }
 
 pub(crate) use locked_segment_store;
+
+/// One allocation inside the transaction `$tx`: `Err` for a statement that failed (the
+/// transaction is lost), `Ok(Err(_))` for a refusal before anything moved (unknown tag, another
+/// rule, the end of a period), which leaves the transaction usable for the next.
+macro_rules! allocate_in {
+    ($self:ident, $tx:ident, $tag:expr, $grant:expr, $lock:expr, $advance:expr, $row:path, $locked_instance:path) => {
+        async {
+            let tag: &str = $tag;
+            let grant: &$crate::storage::Grant = $grant;
+            let rows = sqlx::query($lock).bind(tag).fetch_all(&mut *$tx).await?;
+            let Some(row) = rows.first() else {
+                return Ok(Err($crate::storage::StoreError::UnknownTag(
+                    tag.to_string(),
+                )));
+            };
+            let current = $locked_instance($self, &mut *$tx, row).await?;
+            let mut alloc = $row(row)?;
+            if let Some(refused) = $crate::storage::refused_rule(
+                tag,
+                alloc.split.as_deref(),
+                grant.period_rule.as_deref(),
+            ) {
+                return Ok(Err(refused));
+            }
+            let writer: Option<String> = sqlx::Row::try_get(row, "writer")?;
+            let exclusive_max: Option<i64> = sqlx::Row::try_get(row, "exclusive_max")?;
+            let planned = $crate::storage::failover::plan(
+                tag,
+                alloc.max_id,
+                exclusive_max,
+                grant.step.unwrap_or(alloc.step),
+                writer.as_deref(),
+                &current,
+                grant,
+            );
+            let (first, max_id, skip) = match planned {
+                Ok(plan) => plan,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            sqlx::query($advance)
+                .bind(max_id)
+                .bind(max_id)
+                .bind(&current)
+                .bind(tag)
+                .execute(&mut *$tx)
+                .await?;
+            alloc.max_id = max_id;
+            alloc.first = first;
+            alloc.failover = skip;
+            Ok::<_, $crate::storage::StoreError>(Ok(alloc))
+        }
+        .await
+    };
+}
+
+pub(crate) use allocate_in;

@@ -66,6 +66,17 @@ impl SegmentStore for MemoryStore {
         Ok(row.clone())
     }
 
+    async fn allocate_many(
+        &self,
+        requests: &[(String, Grant)],
+    ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
+        let mut out = Vec::with_capacity(requests.len());
+        for (tag, grant) in requests {
+            out.push(self.allocate(tag, grant.clone()).await);
+        }
+        Ok(out)
+    }
+
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         Ok(self.rows().values().cloned().collect())
     }

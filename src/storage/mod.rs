@@ -1,6 +1,7 @@
 //! Segment storage: the [`SegmentStore`] trait over Leaf's `leaf_alloc` table, one
 //! implementation per database dialect, chosen by the storage URL.
 
+mod batch;
 pub(crate) mod committed;
 mod common;
 mod deferred;
@@ -24,6 +25,7 @@ use async_trait::async_trait;
 
 use crate::config::StorageConfig;
 
+pub use batch::AllocationBatcher;
 pub use deferred::DeferredStore;
 pub use failover::FailoverSkip;
 pub use marks::SegmentMarks;
@@ -324,6 +326,14 @@ pub trait SegmentStore: Send + Sync + 'static {
     /// when it is the failover margin that crosses it: the rest of the window is then used up
     /// (the row moves to its end and records the instance), and the grant is empty.
     async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError>;
+
+    /// Allocates for each request in turn in one transaction (one commit for all of them): the
+    /// outer `Err` when a statement or the commit failed (nothing of it may be used), else one
+    /// result per request, as [`SegmentStore::allocate`] would give it.
+    async fn allocate_many(
+        &self,
+        requests: &[(String, Grant)],
+    ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError>;
 
     /// Every row of the table.
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError>;

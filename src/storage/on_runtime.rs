@@ -49,6 +49,15 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
             .await
     }
 
+    async fn allocate_many(
+        &self,
+        requests: &[(String, Grant)],
+    ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
+        let requests = requests.to_vec();
+        self.run(|s| async move { s.allocate_many(&requests).await })
+            .await
+    }
+
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         self.run(|s| async move { s.list().await }).await
     }

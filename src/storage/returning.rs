@@ -36,32 +36,26 @@ macro_rules! returning_segment_store {
                 // so the failover margin never applies.
                 grant: $crate::storage::Grant,
             ) -> Result<$crate::storage::LeafAlloc, $crate::storage::StoreError> {
-                let step = grant.step;
-                let window = grant.window;
-                let rule = grant.period_rule.clone();
                 let grant = &grant;
                 let _one_writer = self.writes.lock().await;
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    // fetch_all steps the statement to its end, where its changes are written.
-                    let rows = sqlx::query($allocate)
-                        .bind(step)
-                        .bind(tag)
-                        .bind(window.map(|w| w.span))
-                        .bind(window.map(|w| w.usable))
-                        .bind(rule.as_deref())
-                        .fetch_all(&mut *tx)
-                        .await?;
-                    match rows.first() {
-                        Some(row) => {
-                            let mut alloc = $row(row)?;
-                            alloc.first = alloc.max_id - step.unwrap_or(alloc.step);
-                            Ok((tx, alloc))
-                        }
-                        None => {
-                            let row = sqlx::query_as($exists).bind(tag).fetch_optional(&mut *tx).await?;
-                            Err($crate::storage::not_allocated(row, tag, grant))
-                        }
+                    let alloc = $crate::storage::returning::allocate_in!(tx, tag, grant, $allocate, $exists, $row)?;
+                    Ok((tx, alloc?))
+                })
+                .await
+            }
+
+            async fn allocate_many(
+                &self,
+                requests: &[(String, $crate::storage::Grant)],
+            ) -> Result<Vec<Result<$crate::storage::LeafAlloc, $crate::storage::StoreError>>, $crate::storage::StoreError> {
+                let _one_writer = self.writes.lock().await;
+                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                    let mut out = Vec::with_capacity(requests.len());
+                    for (tag, grant) in requests {
+                        out.push($crate::storage::returning::allocate_in!(tx, tag, grant, $allocate, $exists, $row)?);
                     }
+                    Ok((tx, out))
                 })
                 .await
             }
@@ -111,3 +105,43 @@ macro_rules! returning_segment_store {
 }
 
 pub(crate) use returning_segment_store;
+
+/// One allocation inside the transaction `$tx`: `Err` for a statement that failed,
+/// `Ok(Err(_))` for a refusal that moved nothing (unknown tag, another rule, the end of a
+/// period).
+macro_rules! allocate_in {
+    ($tx:ident, $tag:expr, $grant:expr, $allocate:expr, $exists:expr, $row:path) => {
+        async {
+            let tag: &str = $tag;
+            let grant: &$crate::storage::Grant = $grant;
+            let step = grant.step;
+            let window = grant.window;
+            // fetch_all steps the statement to its end, where its changes are written.
+            let rows = sqlx::query($allocate)
+                .bind(step)
+                .bind(tag)
+                .bind(window.map(|w| w.span))
+                .bind(window.map(|w| w.usable))
+                .bind(grant.period_rule.as_deref())
+                .fetch_all(&mut *$tx)
+                .await?;
+            match rows.first() {
+                Some(row) => {
+                    let mut alloc = $row(row)?;
+                    alloc.first = alloc.max_id - step.unwrap_or(alloc.step);
+                    Ok::<_, $crate::storage::StoreError>(Ok(alloc))
+                }
+                None => {
+                    let row = sqlx::query_as($exists)
+                        .bind(tag)
+                        .fetch_optional(&mut *$tx)
+                        .await?;
+                    Ok(Err($crate::storage::not_allocated(row, tag, grant)))
+                }
+            }
+        }
+        .await
+    };
+}
+
+pub(crate) use allocate_in;

@@ -332,6 +332,15 @@ impl SegmentStore for FlakyStore {
         self.gate().await?;
         self.inner.allocate(tag, grant).await
     }
+    async fn allocate_many(
+        &self,
+        requests: &[(String, Grant)],
+    ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
+        self.allocations
+            .fetch_add(requests.len() as u64, Ordering::SeqCst);
+        self.gate().await?;
+        self.inner.allocate_many(requests).await
+    }
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         self.gate().await?;
         self.inner.list().await

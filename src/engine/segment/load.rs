@@ -179,7 +179,10 @@ impl SegmentEngine {
             window: buffer.period.as_ref().map(|rule| rule.window()),
             period_rule: buffer.period.as_ref().map(|rule| rule.marker().into()),
         };
-        let alloc = match self.allocate_retrying(&buffer.name, grant).await {
+        let alloc = match self
+            .allocate_retrying(&buffer.name, grant, !buffer.strict)
+            .await
+        {
             // Refused before anything moved: the row records another period rule. A node
             // that serves the tag by its row's record follows it from the next request on.
             Err(StoreError::RuleMismatch {
@@ -232,12 +235,24 @@ impl SegmentEngine {
 
     /// One allocation, retried for `load_timeout` while the database answers with errors that
     /// pass by themselves (a new primary taking over, a deadlock or Galera certification
-    /// conflict, a connection cut): the caller sees them only when they last.
-    async fn allocate_retrying(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
+    /// conflict, a connection cut): the caller sees them only when they last. `batched`: in a
+    /// transaction it may share with other tags' (a trend tag's load; a strict tag's row is
+    /// contended by every node, and its lock waits would hold up the other tags).
+    async fn allocate_retrying(
+        &self,
+        tag: &str,
+        grant: Grant,
+        batched: bool,
+    ) -> Result<LeafAlloc, StoreError> {
         let deadline = tokio::time::Instant::now() + self.settings.load_timeout;
         let mut pause = Duration::from_millis(10);
         loop {
-            match self.store.allocate(tag, grant.clone()).await {
+            let attempt = if batched {
+                self.batcher.allocate(tag, grant.clone()).await
+            } else {
+                self.store.allocate(tag, grant.clone()).await
+            };
+            match attempt {
                 Err(e) if e.is_transient() && tokio::time::Instant::now() + pause < deadline => {
                     tracing::debug!(tag, error = %e, "allocation failed; retrying");
                     tokio::time::sleep(pause).await;

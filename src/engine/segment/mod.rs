@@ -26,7 +26,7 @@ pub use settings::{AutoCreate, SegmentSettings};
 pub use tags::{validate_tag_name, MAX_TAG_LEN, MAX_TAG_START};
 
 use crate::clock::Clock;
-use crate::storage::{SegmentMarks, SegmentStore, StoreError};
+use crate::storage::{AllocationBatcher, SegmentMarks, SegmentStore, StoreError};
 
 /// Errors a caller of the engine can get; the RESP and HTTP layers map them to replies.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -382,9 +382,15 @@ impl TagEntry {
 
 type TagMap = HashMap<Box<[u8]>, Arc<TagEntry>, foldhash::fast::RandomState>;
 
+/// Batched allocations in flight at once on a server database (SQLite: one): with the
+/// database's connections to spare for strict tags, admin commands and worker-id leases.
+const ALLOCATION_RUNNERS: usize = 4;
+
 /// The segment engine shared by all connections.
 pub struct SegmentEngine {
     store: Arc<dyn SegmentStore>,
+    /// The trend tags' loads, several tags to a transaction when they come together.
+    batcher: AllocationBatcher,
     /// This node's durable high-water mark per tag (the rollback guard).
     marks: Arc<SegmentMarks>,
     /// Read on every request without a shared lock; replaced whole when the tag set changes.
@@ -407,6 +413,7 @@ impl SegmentEngine {
         observer: Arc<dyn LoadObserver>,
     ) -> Arc<SegmentEngine> {
         Arc::new(SegmentEngine {
+            batcher: AllocationBatcher::new(store.clone(), ALLOCATION_RUNNERS),
             store,
             marks,
             tags: ArcSwap::from_pointee(TagMap::default()),

@@ -119,6 +119,16 @@ impl SegmentStore for SlowStore {
         }
         alloc
     }
+    async fn allocate_many(
+        &self,
+        requests: &[(String, crate::storage::Grant)],
+    ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
+        let mut out = Vec::with_capacity(requests.len());
+        for (tag, grant) in requests {
+            out.push(self.allocate(tag, grant.clone()).await);
+        }
+        Ok(out)
+    }
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         self.inner.list().await
     }
