@@ -355,3 +355,78 @@ async fn a_pipeline_reaching_the_end_of_a_period_gets_every_number_left() {
     }
     server.stop().await;
 }
+
+/// LEAF.TAGS and /cache page through the tags after a cursor, as SCAN does: every tag once, in
+/// order, whatever the page size; a bad cursor or COUNT answers an error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tags_are_listed_page_by_page_after_a_cursor() {
+    let (server, _dir) = sqlite_server().await;
+    let mut con = server.client().await;
+    let names: Vec<String> = (0..23).map(|i| format!("page{i:02}")).collect();
+    for name in &names {
+        create_tag(&server, name, 10, None).await;
+    }
+    let _: i64 = con.incr("segment:page07", 1).await.unwrap();
+    let (mut cursor, mut listed) = ("0".to_string(), Vec::new());
+    loop {
+        let (next, page): (String, Vec<std::collections::HashMap<String, redis::Value>>) =
+            redis::cmd("LEAF.TAGS")
+                .arg(&cursor)
+                .arg("COUNT")
+                .arg(5)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+        assert!(page.len() <= 5);
+        for t in page {
+            listed.push(redis::from_redis_value::<String>(t["tag"].clone()).unwrap());
+        }
+        if next == "0" {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!(listed, names, "every tag once, in order");
+    let bad: redis::RedisResult<redis::Value> = redis::cmd("LEAF.TAGS")
+        .arg("zz")
+        .query_async(&mut con)
+        .await;
+    assert!(bad.unwrap_err().to_string().contains("invalid cursor"));
+    let bad: redis::RedisResult<redis::Value> = redis::cmd("LEAF.TAGS")
+        .arg("0")
+        .arg("COUNT")
+        .arg(0)
+        .query_async(&mut con)
+        .await;
+    assert!(bad
+        .unwrap_err()
+        .to_string()
+        .contains("COUNT must be 1 to 10000"));
+    let page: serde_json::Value = common::http_client()
+        .get(server.http_url("/cache?cursor=0&count=20"))
+        .header("Accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .map(|body| serde_json::from_str(&body).unwrap())
+        .unwrap();
+    assert_eq!(page["tags"].as_array().unwrap().len(), 20);
+    let rest: serde_json::Value = common::http_client()
+        .get(server.http_url(&format!(
+            "/cache?cursor={}&count=20",
+            page["cursor"].as_str().unwrap()
+        )))
+        .header("Accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .map(|body| serde_json::from_str(&body).unwrap())
+        .unwrap();
+    assert_eq!(rest["cursor"], "0");
+    assert_eq!(rest["tags"][2]["tag"], "page22");
+    server.stop().await;
+}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{arg_error, lossy, segment_error, wrong_arity};
 use crate::context::Context;
-use crate::engine::segment::Segment;
+use crate::engine::segment::{Segment, TagCursor, TagSnapshot, WHOLE_LIST_LIMIT};
 use crate::protocol::{ArgCursor, Reply};
 
 fn segment_reply(segment: Option<Segment>) -> Reply {
@@ -21,33 +21,67 @@ fn segment_reply(segment: Option<Segment>) -> Reply {
     }
 }
 
-/// `LEAF.TAGS`: one map per tag with its steps, max_id and both buffers.
-pub fn tags(ctx: &Arc<Context>) -> Reply {
-    Reply::Array(
-        ctx.segments
-            .snapshot()
-            .into_iter()
-            .map(|t| {
-                Reply::map([
-                    ("tag", Reply::bulk(t.tag)),
-                    ("order", Reply::bulk(t.order)),
-                    ("split", t.split.map(Reply::bulk).unwrap_or(Reply::Null)),
-                    ("opaque", t.opaque.map(Reply::bulk).unwrap_or(Reply::Null)),
-                    ("period", t.period.map(Reply::bulk).unwrap_or(Reply::Null)),
-                    ("step", Reply::Integer(t.step)),
-                    ("table_step", Reply::Integer(t.table_step)),
-                    ("max_id", Reply::Integer(t.max_id)),
-                    ("current", segment_reply(t.current)),
-                    ("next", segment_reply(t.next)),
-                    ("loading", Reply::Integer(t.loading as i64)),
-                    (
-                        "last_error",
-                        t.last_error.map(Reply::bulk).unwrap_or(Reply::Null),
-                    ),
-                ])
-            })
-            .collect(),
-    )
+/// `LEAF.TAGS`: one map per tag with its steps, max_id and both buffers, up to
+/// [`WHOLE_LIST_LIMIT`] tags; `LEAF.TAGS <cursor> [COUNT n]`: `[next cursor, [maps]]`, as SCAN
+/// pages keys (cursor `0` first and last), so no reply holds a million tags.
+pub fn tags(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
+    if args.is_empty() {
+        let known = ctx.segments.tag_count();
+        if known > WHOLE_LIST_LIMIT {
+            return Reply::error(format!(
+                "ERR this node knows {known} tags, more than one reply lists ({WHOLE_LIST_LIMIT}): page through them with LEAF.TAGS <cursor> [COUNT n], from cursor 0"
+            ));
+        }
+        return Reply::Array(ctx.segments.snapshot().into_iter().map(tag_map).collect());
+    }
+    let mut cursor = ArgCursor::new(args);
+    let after = match cursor.next_bytes().map(TagCursor::parse) {
+        Ok(Some(after)) => after,
+        Ok(None) => return Reply::error("ERR invalid cursor"),
+        Err(e) => return arg_error("leaf.tags", e),
+    };
+    let mut count = 100;
+    while cursor.remaining() > 0 {
+        let option = cursor.next_bytes().unwrap_or_default().to_ascii_lowercase();
+        if option != b"count" || cursor.remaining() == 0 {
+            return Reply::error("ERR syntax error");
+        }
+        match cursor.next_i64() {
+            Ok(n) if (1..=WHOLE_LIST_LIMIT as i64).contains(&n) => count = n as usize,
+            Ok(_) => return Reply::error(format!("ERR COUNT must be 1 to {WHOLE_LIST_LIMIT}")),
+            Err(e) => return arg_error("leaf.tags", e),
+        }
+    }
+    let (page, more) = ctx.segments.snapshot_page(&after.0, count);
+    let next = match (more, page.last()) {
+        (true, Some(last)) => TagCursor(last.tag.as_bytes().to_vec()).render(),
+        _ => "0".to_string(),
+    };
+    Reply::Array(vec![
+        Reply::bulk(next),
+        Reply::Array(page.into_iter().map(tag_map).collect()),
+    ])
+}
+
+/// One tag's map in `LEAF.TAGS`.
+fn tag_map(t: TagSnapshot) -> Reply {
+    Reply::map([
+        ("tag", Reply::bulk(t.tag)),
+        ("order", Reply::bulk(t.order)),
+        ("split", t.split.map(Reply::bulk).unwrap_or(Reply::Null)),
+        ("opaque", t.opaque.map(Reply::bulk).unwrap_or(Reply::Null)),
+        ("period", t.period.map(Reply::bulk).unwrap_or(Reply::Null)),
+        ("step", Reply::Integer(t.step)),
+        ("table_step", Reply::Integer(t.table_step)),
+        ("max_id", Reply::Integer(t.max_id)),
+        ("current", segment_reply(t.current)),
+        ("next", segment_reply(t.next)),
+        ("loading", Reply::Integer(t.loading as i64)),
+        (
+            "last_error",
+            t.last_error.map(Reply::bulk).unwrap_or(Reply::Null),
+        ),
+    ])
 }
 
 /// `LEAF.TAG CREATE <tag> <step> [<start>]`, `LEAF.TAG STEP <tag> <step>`,

@@ -259,7 +259,7 @@ async fn run(id: CommandId, ctx: &Arc<Context>, session: &mut Session, args: &[&
         LeafWorkers => admin::workers(ctx).await,
         Config => server::config(args, ctx),
         Shutdown => server::shutdown(args, ctx, session),
-        LeafTags => admin::tags(ctx),
+        LeafTags => admin::tags(args, ctx),
         LeafTag => admin::tag(args, ctx).await,
         Multi => transaction::multi(session),
         Discard => transaction::discard(session),

@@ -155,7 +155,7 @@ pub const COMMANDS: &[CommandSpec] = {
     spec(Config, "config", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "CONFIG GET of a harmless subset of parameters."),
     spec(Shutdown, "shutdown", -1, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "Stops leafd gracefully, like SIGTERM (NOSAVE/SAVE/NOW/FORCE accepted and ignored)."),
     spec(LeafWorkers, "leaf.workers", 1, ADMIN, NO_KEYS, "leaf", "The worker-id lease table (database coordinator): id, owner, lease left, fence."),
-    spec(LeafTags, "leaf.tags", 1, &["readonly"], NO_KEYS, "leaf", "Every segment tag with its step, max_id and both buffers."),
+    spec(LeafTags, "leaf.tags", -1, &["readonly"], NO_KEYS, "leaf", "Every segment tag with its step, max_id and both buffers, or a page of them after a cursor."),
     spec(LeafDecode, "leaf.decode", 2, &["readonly", "fast"], NO_KEYS, "leaf", "Timestamp, UTC time, worker id and sequence of a snowflake ID."),
     spec(Multi, "multi", 1, &["noscript", "loading", "stale", "fast", "allow-busy"], NO_KEYS, "transactions", "Starts a transaction: later commands are queued until EXEC."),
     spec(Exec, "exec", 1, &["noscript", "loading", "stale", "skip-slowlog"], NO_KEYS, "transactions", "Runs the queued commands in order and replies with their replies."),

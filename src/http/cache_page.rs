@@ -1,16 +1,16 @@
-//! Leaf's `/cache` monitor page: every tag's buffers, as HTML or JSON.
+//! Leaf's `/cache` monitor page: every tag's buffers (or a page of them), as HTML or JSON.
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::header::ACCEPT;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
 use crate::context::Context;
-use crate::engine::segment::Segment;
+use crate::engine::segment::{Segment, TagCursor, WHOLE_LIST_LIMIT};
 
 use super::caller::Caller;
 
@@ -47,13 +47,53 @@ pub(super) fn escape_html(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// `/cache?cursor=…&count=…`: a page of the tags, as `LEAF.TAGS <cursor> COUNT <n>` gives it.
+/// A cursor is `0` or `t` and hex digits, so the query needs no decoding.
+#[derive(Default)]
+struct Page {
+    cursor: Option<String>,
+    count: Option<usize>,
+}
+
+impl Page {
+    fn parse(query: Option<&str>) -> Page {
+        let mut page = Page::default();
+        for pair in query.unwrap_or("").split('&') {
+            match pair.split_once('=') {
+                Some(("cursor", v)) => page.cursor = Some(v.to_string()),
+                Some(("count", v)) => page.count = v.parse().ok(),
+                _ => {}
+            }
+        }
+        page
+    }
+}
+
 /// Leaf's monitor page: every tag's buffers, as HTML or (with `Accept: application/json`) JSON.
+/// With more than [`WHOLE_LIST_LIMIT`] tags (or a `cursor`), one page of them and the cursor
+/// of the next (`"0"`: none), so no page walks a million tags.
 pub(super) async fn cache(
     _: Caller,
     State(ctx): State<Arc<Context>>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    let tags = ctx.segments.snapshot();
+    let page = Page::parse(query.as_deref());
+    let paged = page.cursor.is_some() || ctx.segments.tag_count() > WHOLE_LIST_LIMIT;
+    let (tags, next) = if paged {
+        let Some(after) = TagCursor::parse(page.cursor.as_deref().unwrap_or("0").as_bytes()) else {
+            return (StatusCode::BAD_REQUEST, "invalid cursor\n").into_response();
+        };
+        let count = page.count.unwrap_or(1000).clamp(1, WHOLE_LIST_LIMIT);
+        let (tags, more) = ctx.segments.snapshot_page(&after.0, count);
+        let next = match (more, tags.last()) {
+            (true, Some(last)) => TagCursor(last.tag.as_bytes().to_vec()).render(),
+            _ => "0".to_string(),
+        };
+        (tags, Some(next))
+    } else {
+        (ctx.segments.snapshot(), None)
+    };
     let wants_json = headers
         .get(ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -79,7 +119,11 @@ pub(super) async fn cache(
                 })
             })
             .collect();
-        return Json(json!({ "tags": tags })).into_response();
+        return match next {
+            Some(cursor) => Json(json!({ "tags": tags, "cursor": cursor })),
+            None => Json(json!({ "tags": tags })),
+        }
+        .into_response();
     }
     let rows: String = tags
         .iter()
@@ -101,7 +145,11 @@ pub(super) async fn cache(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>leafd cache</title></head><body>\n\
          <h1>leafd segment buffers</h1>\n<table border=\"1\" cellpadding=\"4\">\n\
          <tr><th>tag</th><th>step</th><th>table step</th><th>max_id</th><th>current</th><th>next</th><th>served</th><th>last error</th></tr>\n\
-         {rows}</table></body></html>\n"
+         {rows}</table>{more}</body></html>\n",
+        more = match next.as_deref() {
+            None | Some("0") => String::new(),
+            Some(cursor) => format!("\n<p><a href=\"/cache?cursor={cursor}\">next page</a></p>"),
+        }
     ))
     .into_response()
 }

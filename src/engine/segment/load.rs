@@ -129,7 +129,9 @@ impl SegmentEngine {
 
     /// The rollback guard: the range `first..max_id` must start above the highest ID this node
     /// was ever granted (its mark; marks an older release wrote hold its `max_id`, which it
-    /// may have served: the same meaning); then `max_id - 1` becomes the new mark, on disk.
+    /// may have served: the same meaning); then `max_id - 1` becomes the new mark, on disk;
+    /// and the range must also start above the marks other processes sharing the state
+    /// directory wrote, read by that write.
     async fn guard(&self, tag: &str, alloc: &LeafAlloc) -> Result<(), LoadFailure> {
         let from = alloc.first;
         if let Some(mark) = self.marks.get(tag) {
@@ -137,11 +139,21 @@ impl SegmentEngine {
                 return Err(LoadFailure::Rollback { from, mark });
             }
         }
-        self.marks.record(tag, alloc.max_id - 1).await.map_err(|e| {
-            LoadFailure::Unavailable(
-                format!("cannot record the high-water mark in the state directory: {e}").into(),
-            )
-        })
+        self.marks
+            .record(tag, alloc.max_id - 1)
+            .await
+            .map_err(|e| {
+                LoadFailure::Unavailable(
+                    format!("cannot record the high-water mark in the state directory: {e}").into(),
+                )
+            })?;
+        // Another process sharing the state directory may have served this range before the
+        // database went back: its marks, durable before it served, were read by the write
+        // that carried this one (the mark just recorded stays: it only refuses more).
+        match self.marks.read_from_files(tag) {
+            Some(mark) if from <= mark => Err(LoadFailure::Rollback { from, mark }),
+            _ => Ok(()),
+        }
     }
 
     /// Allocates a range of `buffer`'s tag and runs the rollback guard on it, one allocation

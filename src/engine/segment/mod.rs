@@ -23,6 +23,7 @@ pub use load::LoadObserver;
 pub use opaque::OpaqueCipher;
 pub use period::{Calendar, PeriodRule};
 pub use settings::{AutoCreate, SegmentSettings};
+pub use snapshot::{TagCursor, WHOLE_LIST_LIMIT};
 pub use tags::{validate_tag_name, MAX_TAG_LEN, MAX_TAG_START};
 
 use crate::clock::Clock;

@@ -22,6 +22,47 @@ impl SegmentEngine {
         tags
     }
 
+    /// Up to `count` tags named after `after` (bytewise; empty: from the first), sorted, and
+    /// whether more follow. One pass over the map keeping the `count` smallest names: the
+    /// reply and the work stay bounded by `count`, not by the number of tags.
+    pub fn snapshot_page(&self, after: &[u8], count: usize) -> (Vec<TagSnapshot>, bool) {
+        let tags = self.tags.load();
+        let mut smallest: std::collections::BinaryHeap<&[u8]> =
+            std::collections::BinaryHeap::with_capacity(count + 1);
+        let mut more = false;
+        for name in tags.keys() {
+            let name: &[u8] = name;
+            if name <= after {
+                continue;
+            }
+            if smallest.len() < count {
+                smallest.push(name);
+            } else if smallest.peek().is_some_and(|largest| name < *largest) {
+                smallest.pop();
+                smallest.push(name);
+                more = true;
+            } else {
+                more = true;
+            }
+        }
+        let page = smallest
+            .into_sorted_vec()
+            .into_iter()
+            .filter_map(|name| {
+                let entry = tags.get(name)?;
+                Some(match entry.loaded() {
+                    Some(buffer) => snapshot_of(buffer),
+                    None => {
+                        let tag = String::from_utf8_lossy(name);
+                        let recorded = entry.recorded.as_deref();
+                        snapshot_of(&TagBuffer::new(&tag, &self.settings, recorded))
+                    }
+                })
+            })
+            .collect();
+        (page, more)
+    }
+
     /// The tags a request has asked for since the node started (or since the tag's rule last
     /// changed), unsorted: the others have served nothing and loaded nothing.
     pub fn used_snapshot(&self) -> Vec<TagSnapshot> {
@@ -30,6 +71,40 @@ impl SegmentEngine {
             .values()
             .filter_map(|entry| entry.loaded().map(|buffer| snapshot_of(buffer)))
             .collect()
+    }
+}
+
+/// A listing of every tag (`LEAF.TAGS`, `/cache`) goes only up to this many; a page holds at
+/// most this many too.
+pub const WHOLE_LIST_LIMIT: usize = 10_000;
+
+/// Where a page of tags starts: after the tag it names (`0`: the first page). Rendered as the
+/// tag's bytes in hex, so no tag name can look like the end.
+pub struct TagCursor(pub Vec<u8>);
+
+impl TagCursor {
+    pub fn parse(text: &[u8]) -> Option<TagCursor> {
+        if text == b"0" {
+            return Some(TagCursor(Vec::new()));
+        }
+        let hex = std::str::from_utf8(text.strip_prefix(b"t")?).ok()?;
+        if hex.is_empty() || hex.len() % 2 != 0 {
+            return None;
+        }
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+            .collect::<Option<Vec<u8>>>()
+            .map(TagCursor)
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(1 + 2 * self.0.len());
+        out.push('t');
+        for b in &self.0 {
+            out.push_str(&format!("{b:02x}"));
+        }
+        out
     }
 }
 

@@ -457,3 +457,39 @@ async fn a_request_whose_batch_was_abandoned_answers_unavailable() {
         "D is served by its own allocation, the first that ran"
     );
 }
+
+/// Two processes sharing one state directory (one marks file), the database gone back: the
+/// second refuses a range the first loaded, though it never loaded the tag itself (its marks
+/// learn the first's only by reading the files).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_sharing_the_state_directory_refuses_what_the_other_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("segment-marks.json");
+    let settings = || SegmentSettings {
+        adaptive_step: false,
+        load_timeout: Duration::from_secs(1),
+        max_tags: 1000,
+        ..SegmentSettings::default()
+    };
+    let start = |store: Arc<MemoryStore>| {
+        SegmentEngine::new(
+            store,
+            crate::storage::SegmentMarks::open(&path, false).unwrap(),
+            settings(),
+            Arc::new(ManualClock::new(1_000_000_000)),
+            Arc::new(()),
+        )
+    };
+    let first = start(Arc::new(MemoryStore::new()));
+    first.create_tag("t", 100, 1, None).await.unwrap();
+    for _ in 0..250 {
+        first.next_ids("t", 1).await.unwrap();
+    }
+    // The second process's database is the first's before any of those loads.
+    let second = start(Arc::new(MemoryStore::new()));
+    second.create_tag("t", 100, 1, None).await.unwrap();
+    match second.next_ids("t", 1).await {
+        Err(SegmentError::Rollback { .. }) => {}
+        other => panic!("served {other:?} from a range the other process loaded"),
+    }
+}

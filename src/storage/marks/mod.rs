@@ -32,6 +32,9 @@ pub struct SegmentMarks {
 #[derive(Default)]
 struct Marks {
     marks: HashMap<String, i64>,
+    /// The marks read from the files (other processes' appends, snapshots they compacted):
+    /// what a range this process just loaded must also be above.
+    read: HashMap<String, i64>,
     /// Marks raised since the last write began, for the next write.
     pending: HashMap<String, i64>,
     /// Numbers the calls to `record`; every call up to `durable` is on disk.
@@ -90,6 +93,14 @@ impl SegmentMarks {
         self.lock().marks.get(tag).copied()
     }
 
+    /// The highest mark of `tag` this process read from the files: written by another process
+    /// sharing the directory (or by this one before a compaction). A write reads what the
+    /// others appended before it appends, so once [`SegmentMarks::record`] returned, this
+    /// holds every mark another process made durable before the record was asked for.
+    pub fn read_from_files(&self, tag: &str) -> Option<i64> {
+        self.lock().read.get(tag).copied()
+    }
+
     /// Raises the mark of `tag` to `max_id` and makes it durable before returning. The mark
     /// rises in memory at once, also when the write fails (a full disk); a failed write's
     /// marks go out with the next one.
@@ -139,6 +150,7 @@ impl SegmentMarks {
             state.durable = upto;
             for (tag, mark) in others {
                 raise(&mut state.marks, &tag, mark);
+                raise(&mut state.read, &tag, mark);
             }
             let wants = writer.as_ref().is_some_and(Journal::wants_compaction);
             wants.then(|| state.marks.clone())
@@ -179,6 +191,7 @@ impl SegmentMarks {
                 let mut state = self.lock();
                 for (tag, mark) in others {
                     raise(&mut state.marks, &tag, mark);
+                    raise(&mut state.read, &tag, mark);
                 }
             }
             Err(e) => {
@@ -241,6 +254,26 @@ mod tests {
         // Each learnt the other's marks at its own writes.
         first.record("t0", 0).await.unwrap();
         assert_eq!(first.get("t0"), reopened.get("t0"));
+    }
+
+    /// What another process appended is read by this one's next write, and kept apart: a
+    /// range this process loads must be above it too.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_write_reads_the_marks_another_process_appended() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("marks.json");
+        let first = SegmentMarks::open(&path, false).unwrap();
+        let second = SegmentMarks::open(&path, false).unwrap();
+        first.record("t", 600).await.unwrap();
+        assert_eq!(second.read_from_files("t"), None);
+        second.record("t", 100).await.unwrap();
+        assert_eq!(second.read_from_files("t"), Some(600));
+        assert_eq!(second.get("t"), Some(600));
+        assert_eq!(
+            first.read_from_files("t"),
+            None,
+            "its own marks are not read back"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
