@@ -387,6 +387,9 @@ async fn tags_are_listed_page_by_page_after_a_cursor() {
         cursor = next;
     }
     assert_eq!(listed, names, "every tag once, in order");
+    let whole: Vec<std::collections::HashMap<String, redis::Value>> =
+        redis::cmd("LEAF.TAGS").query_async(&mut con).await.unwrap();
+    assert_eq!(whole.len(), names.len(), "without a cursor: every tag");
     let bad: redis::RedisResult<redis::Value> = redis::cmd("LEAF.TAGS")
         .arg("zz")
         .query_async(&mut con)

@@ -25,7 +25,8 @@ fn segment_reply(segment: Option<Segment>) -> Reply {
 /// [`WHOLE_LIST_LIMIT`] tags; `LEAF.TAGS <cursor> [COUNT n]`: `[next cursor, [maps]]`, as SCAN
 /// pages keys (cursor `0` first and last), so no reply holds a million tags.
 pub fn tags(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
-    if args.is_empty() {
+    // `args` starts with the command's name.
+    if args.len() == 1 {
         let known = ctx.segments.tag_count();
         if known > WHOLE_LIST_LIMIT {
             return Reply::error(format!(

@@ -129,31 +129,26 @@ impl SegmentEngine {
 
     /// The rollback guard: the range `first..max_id` must start above the highest ID this node
     /// was ever granted (its mark; marks an older release wrote hold its `max_id`, which it
-    /// may have served: the same meaning); then `max_id - 1` becomes the new mark, on disk;
-    /// and the range must also start above the marks other processes sharing the state
-    /// directory wrote, read by that write.
-    async fn guard(&self, tag: &str, alloc: &LeafAlloc) -> Result<(), LoadFailure> {
+    /// may have served: the same meaning), and above `others`, the marks other processes
+    /// sharing the state directory had made durable before the allocation began (each
+    /// durable before they served from it); then `max_id - 1` becomes the new mark, on disk.
+    async fn guard(
+        &self,
+        tag: &str,
+        alloc: &LeafAlloc,
+        others: Option<i64>,
+    ) -> Result<(), LoadFailure> {
         let from = alloc.first;
-        if let Some(mark) = self.marks.get(tag) {
+        if let Some(mark) = self.marks.get(tag).max(others) {
             if from <= mark {
                 return Err(LoadFailure::Rollback { from, mark });
             }
         }
-        self.marks
-            .record(tag, alloc.max_id - 1)
-            .await
-            .map_err(|e| {
-                LoadFailure::Unavailable(
-                    format!("cannot record the high-water mark in the state directory: {e}").into(),
-                )
-            })?;
-        // Another process sharing the state directory may have served this range before the
-        // database went back: its marks, durable before it served, were read by the write
-        // that carried this one (the mark just recorded stays: it only refuses more).
-        match self.marks.read_from_files(tag) {
-            Some(mark) if from <= mark => Err(LoadFailure::Rollback { from, mark }),
-            _ => Ok(()),
-        }
+        self.marks.record(tag, alloc.max_id - 1).await.map_err(|e| {
+            LoadFailure::Unavailable(
+                format!("cannot record the high-water mark in the state directory: {e}").into(),
+            )
+        })
     }
 
     /// Allocates a range of `buffer`'s tag and runs the rollback guard on it, one allocation
@@ -190,6 +185,16 @@ impl SegmentEngine {
             failover_margin: self.settings.failover_margin,
             window: buffer.period.as_ref().map(|rule| rule.window()),
             period_rule: buffer.period.as_ref().map(|rule| rule.marker().into()),
+        };
+        // Read before the allocation: a mark another live process wrote after it began may be
+        // above its range without the database having gone back.
+        let others = match self.marks.others_mark(&buffer.name).await {
+            Ok(mark) => mark,
+            Err(e) => {
+                return Ok(Err(LoadFailure::Unavailable(
+                    format!("cannot read the high-water marks in the state directory: {e}").into(),
+                )))
+            }
         };
         let alloc = match self
             .allocate_retrying(&buffer.name, grant, !buffer.strict)
@@ -242,7 +247,10 @@ impl SegmentEngine {
             st.max_id = st.max_id.max(alloc.max_id);
             return Ok(Err(refused));
         }
-        Ok(self.guard(&buffer.name, &alloc).await.map(|()| alloc))
+        Ok(self
+            .guard(&buffer.name, &alloc, others)
+            .await
+            .map(|()| alloc))
     }
 
     /// One allocation, retried for `load_timeout` while the database answers with errors that

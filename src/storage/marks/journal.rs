@@ -208,6 +208,23 @@ impl Journal {
         Ok(others)
     }
 
+    /// `<path>.log`.
+    pub fn log_path(&self) -> PathBuf {
+        suffixed(&self.path, ".log")
+    }
+
+    /// The log's length as this process last read or wrote it.
+    pub fn read_to(&self) -> u64 {
+        self.read_to
+    }
+
+    /// Reads, under the directory's lock, what other processes wrote since this one last
+    /// looked.
+    pub fn catch_up_locked(&mut self) -> Result<Vec<(String, i64)>, String> {
+        let _locked = self.lock()?;
+        self.catch_up()
+    }
+
     /// True once this process appended to the log.
     pub fn appended(&self) -> bool {
         self.files.is_some()

@@ -5,6 +5,7 @@ mod journal;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use journal::{raise, Journal};
@@ -24,6 +25,10 @@ use super::StoreError;
 /// below any of them is the database gone back, whichever node loaded it.
 pub struct SegmentMarks {
     state: Mutex<Marks>,
+    /// `<path>.log` (`None`: in memory), and its length after this process's last read or
+    /// write of it: another length means another process wrote.
+    log: Option<PathBuf>,
+    known_len: AtomicU64,
     /// The files (`None`: marks kept in memory only); one write at a time.
     writer: tokio::sync::Mutex<Option<Journal>>,
     in_memory: bool,
@@ -31,9 +36,12 @@ pub struct SegmentMarks {
 
 #[derive(Default)]
 struct Marks {
+    /// This process's marks, and those on disk when it opened them.
     marks: HashMap<String, i64>,
-    /// The marks read from the files (other processes' appends, snapshots they compacted):
-    /// what a range this process just loaded must also be above.
+    /// The marks read from the files since (other processes' appends, snapshots they
+    /// compacted). Kept apart: another live process's mark may be above a range this one loaded
+    /// after it without the database having gone back (their allocations interleave), so only
+    /// the marks read before an allocation began may refuse its range.
     read: HashMap<String, i64>,
     /// Marks raised since the last write began, for the next write.
     pending: HashMap<String, i64>,
@@ -66,6 +74,8 @@ impl SegmentMarks {
             tracing::warn!(files = %files, "segment marks unreadable; starting without them (storage.discard_unreadable_marks)");
         }
         Ok(Arc::new(SegmentMarks {
+            log: Some(opened.journal.log_path()),
+            known_len: AtomicU64::new(opened.journal.read_to()),
             state: Mutex::new(Marks {
                 marks: opened.marks,
                 ..Marks::default()
@@ -78,6 +88,8 @@ impl SegmentMarks {
     /// Marks kept in memory only (tests, benchmarks).
     pub fn in_memory() -> Arc<SegmentMarks> {
         Arc::new(SegmentMarks {
+            log: None,
+            known_len: AtomicU64::new(0),
             state: Mutex::new(Marks::default()),
             writer: tokio::sync::Mutex::new(None),
             in_memory: true,
@@ -93,12 +105,38 @@ impl SegmentMarks {
         self.lock().marks.get(tag).copied()
     }
 
-    /// The highest mark of `tag` this process read from the files: written by another process
-    /// sharing the directory (or by this one before a compaction). A write reads what the
-    /// others appended before it appends, so once [`SegmentMarks::record`] returned, this
-    /// holds every mark another process made durable before the record was asked for.
-    pub fn read_from_files(&self, tag: &str) -> Option<i64> {
-        self.lock().read.get(tag).copied()
+    /// The highest mark of `tag` other processes sharing the directory made durable so far:
+    /// asked before an allocation, every range they served before it. When the log did not
+    /// change since this process last read or wrote it (no other process: the common case),
+    /// one `stat` and no lock.
+    pub async fn others_mark(&self, tag: &str) -> Result<Option<i64>, String> {
+        let Some(log) = &self.log else {
+            return Ok(None);
+        };
+        let len = match std::fs::metadata(log) {
+            Ok(meta) => meta.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(format!("segment marks {}: {e}", log.display())),
+        };
+        if len != self.known_len.load(Ordering::Acquire) {
+            let mut writer = self.writer.lock().await;
+            let Some(mut journal) = writer.take() else {
+                return Err("segment marks: an earlier write panicked; restart the node".into());
+            };
+            let (journal, read) = tokio::task::spawn_blocking(move || {
+                let read = journal.catch_up_locked();
+                (journal, read)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            self.known_len.store(journal.read_to(), Ordering::Release);
+            *writer = Some(journal);
+            let mut state = self.lock();
+            for (tag, mark) in read? {
+                raise(&mut state.read, &tag, mark);
+            }
+        }
+        Ok(self.lock().read.get(tag).copied())
     }
 
     /// Raises the mark of `tag` to `max_id` and makes it durable before returning. The mark
@@ -134,6 +172,7 @@ impl SegmentMarks {
         })
         .await
         .map_err(|e| e.to_string())?;
+        self.known_len.store(journal.read_to(), Ordering::Release);
         *writer = Some(journal);
         let others = match written {
             Ok(others) => others,
@@ -149,7 +188,6 @@ impl SegmentMarks {
             let mut state = self.lock();
             state.durable = upto;
             for (tag, mark) in others {
-                raise(&mut state.marks, &tag, mark);
                 raise(&mut state.read, &tag, mark);
             }
             let wants = writer.as_ref().is_some_and(Journal::wants_compaction);
@@ -185,12 +223,12 @@ impl SegmentMarks {
         else {
             return;
         };
+        self.known_len.store(journal.read_to(), Ordering::Release);
         *writer = Some(journal);
         match compacted {
             Ok(others) => {
                 let mut state = self.lock();
                 for (tag, mark) in others {
-                    raise(&mut state.marks, &tag, mark);
                     raise(&mut state.read, &tag, mark);
                 }
             }
@@ -251,29 +289,27 @@ mod tests {
         let (newest, unreadable) = journal::read_newest(&path).unwrap();
         assert!(unreadable.is_empty(), "{unreadable:?}");
         assert!(newest.is_some_and(|r| r.seq >= 2), "the log was compacted");
-        // Each learnt the other's marks at its own writes.
-        first.record("t0", 0).await.unwrap();
-        assert_eq!(first.get("t0"), reopened.get("t0"));
+        // Each reads the other's marks before an allocation.
+        let known = first.get("t0").max(first.others_mark("t0").await.unwrap());
+        assert_eq!(known, reopened.get("t0"));
     }
 
-    /// What another process appended is read by this one's next write, and kept apart: a
-    /// range this process loads must be above it too.
+    /// What another process appended is read before this one's next allocation, and kept
+    /// apart from this process's own marks.
     #[tokio::test(flavor = "current_thread")]
     async fn a_write_reads_the_marks_another_process_appended() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("marks.json");
         let first = SegmentMarks::open(&path, false).unwrap();
         let second = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(second.others_mark("t").await.unwrap(), None);
         first.record("t", 600).await.unwrap();
-        assert_eq!(second.read_from_files("t"), None);
+        assert_eq!(second.others_mark("t").await.unwrap(), Some(600));
+        assert_eq!(second.get("t"), None, "its own marks only");
         second.record("t", 100).await.unwrap();
-        assert_eq!(second.read_from_files("t"), Some(600));
-        assert_eq!(second.get("t"), Some(600));
-        assert_eq!(
-            first.read_from_files("t"),
-            None,
-            "its own marks are not read back"
-        );
+        assert_eq!(second.get("t"), Some(100));
+        let own = first.others_mark("t").await.unwrap();
+        assert_eq!(own, Some(100), "the other's mark, not its own read back");
     }
 
     #[tokio::test(flavor = "current_thread")]
