@@ -405,30 +405,24 @@ async fn tags_are_listed_page_by_page_after_a_cursor() {
         .unwrap_err()
         .to_string()
         .contains("COUNT must be 1 to 10000"));
-    let page: serde_json::Value = common::http_client()
-        .get(server.http_url("/cache?cursor=0&count=20"))
-        .header("Accept", "application/json")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .map(|body| serde_json::from_str(&body).unwrap())
-        .unwrap();
+    let cache_page = |cursor: String| {
+        let url = server.http_url(&format!("/cache?cursor={cursor}&count=20"));
+        async move {
+            let body = common::http_client()
+                .get(url)
+                .header("Accept", "application/json")
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()
+        }
+    };
+    let page = cache_page("0".into()).await;
     assert_eq!(page["tags"].as_array().unwrap().len(), 20);
-    let rest: serde_json::Value = common::http_client()
-        .get(server.http_url(&format!(
-            "/cache?cursor={}&count=20",
-            page["cursor"].as_str().unwrap()
-        )))
-        .header("Accept", "application/json")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .map(|body| serde_json::from_str(&body).unwrap())
-        .unwrap();
+    let rest = cache_page(page["cursor"].as_str().unwrap().to_string()).await;
     assert_eq!(rest["cursor"], "0");
     assert_eq!(rest["tags"][2]["tag"], "page22");
     server.stop().await;

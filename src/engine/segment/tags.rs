@@ -53,6 +53,17 @@ impl SegmentEngine {
         if let Some(buffer) = self.buffer_of(tag) {
             return Ok(buffer);
         }
+        self.read_row_into_map(tag).await?;
+        if let Some(buffer) = self.buffer_of(tag) {
+            return Ok(buffer);
+        }
+        drop(writer);
+        self.create_on_first_use(tag).await
+    }
+
+    /// Reads `tag`'s row and adds the tag to the map if the table has it; the caller holds
+    /// `tag_writer`.
+    async fn read_row_into_map(&self, tag: &str) -> Result<(), SegmentError> {
         let row = self
             .store
             .row(tag)
@@ -63,12 +74,8 @@ impl SegmentEngine {
             })?;
         if let Some(row) = row {
             self.insert_entry(tag, row.split.as_deref());
-            if let Some(buffer) = self.buffer_of(tag) {
-                return Ok(buffer);
-            }
         }
-        drop(writer);
-        self.create_on_first_use(tag).await
+        Ok(())
     }
 
     /// Adds a tag of the table to the map, unless it is there already.
@@ -105,17 +112,7 @@ impl SegmentEngine {
         } else {
             // Another node created it first: read its row.
             let _writer = self.tag_writer.lock().await;
-            let row = self
-                .store
-                .row(tag)
-                .await
-                .map_err(|e| SegmentError::Unavailable {
-                    tag: tag.to_string(),
-                    reason: store_reason(&e),
-                })?;
-            if let Some(row) = row {
-                self.insert_entry(tag, row.split.as_deref());
-            }
+            self.read_row_into_map(tag).await?;
         }
         self.buffer_of(tag)
             .ok_or_else(|| SegmentError::UnknownTag(tag.to_string()))
