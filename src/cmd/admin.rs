@@ -53,11 +53,7 @@ pub fn tags(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
             Err(e) => return arg_error("leaf.tags", e),
         }
     }
-    let (page, more) = ctx.segments.snapshot_page(&after.0, count);
-    let next = match (more, page.last()) {
-        (true, Some(last)) => TagCursor(last.tag.as_bytes().to_vec()).render(),
-        _ => "0".to_string(),
-    };
+    let (page, next) = ctx.segments.snapshot_page(&after, count);
     Reply::Array(vec![
         Reply::bulk(next),
         Reply::Array(page.into_iter().map(tag_map).collect()),

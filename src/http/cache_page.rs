@@ -85,11 +85,7 @@ pub(super) async fn cache(
             return (StatusCode::BAD_REQUEST, "invalid cursor\n").into_response();
         };
         let count = page.count.unwrap_or(1000).clamp(1, WHOLE_LIST_LIMIT);
-        let (tags, more) = ctx.segments.snapshot_page(&after.0, count);
-        let next = match (more, tags.last()) {
-            (true, Some(last)) => TagCursor(last.tag.as_bytes().to_vec()).render(),
-            _ => "0".to_string(),
-        };
+        let (tags, next) = ctx.segments.snapshot_page(&after, count);
         (tags, Some(next))
     } else {
         (ctx.segments.snapshot(), None)

@@ -1,6 +1,6 @@
 //! A copy of every tag's buffers and counters, for LEAF.TAGS and the monitor page.
 
-use super::{LoadFailure, SegmentEngine, TagBuffer, TagSnapshot};
+use super::{LoadFailure, SegmentEngine, TagBuffer, TagEntry, TagSnapshot};
 
 impl SegmentEngine {
     /// Every known tag's buffers, sorted by tag (a tag never asked for shows empty buffers).
@@ -9,23 +9,29 @@ impl SegmentEngine {
             .tags
             .load()
             .iter()
-            .map(|(name, entry)| match entry.loaded() {
-                Some(buffer) => snapshot_of(buffer),
-                None => {
-                    let name = String::from_utf8_lossy(name);
-                    let recorded = entry.recorded.as_deref();
-                    snapshot_of(&TagBuffer::new(&name, &self.settings, recorded))
-                }
-            })
+            .map(|(name, entry)| self.entry_snapshot(name, entry))
             .collect();
         tags.sort_by(|a, b| a.tag.cmp(&b.tag));
         tags
     }
 
-    /// Up to `count` tags named after `after` (bytewise; empty: from the first), sorted, and
-    /// whether more follow. One pass over the map keeping the `count` smallest names: the
+    /// A tag's snapshot; one never asked for shows the empty buffers its rule gives it.
+    fn entry_snapshot(&self, name: &[u8], entry: &TagEntry) -> TagSnapshot {
+        match entry.loaded() {
+            Some(buffer) => snapshot_of(buffer),
+            None => {
+                let name = String::from_utf8_lossy(name);
+                let recorded = entry.recorded.as_deref();
+                snapshot_of(&TagBuffer::new(&name, &self.settings, recorded))
+            }
+        }
+    }
+
+    /// Up to `count` tags named after `after`'s tag, sorted bytewise, and the cursor of the
+    /// next page (`0`: none). One pass over the map keeping the `count` smallest names: the
     /// reply and the work stay bounded by `count`, not by the number of tags.
-    pub fn snapshot_page(&self, after: &[u8], count: usize) -> (Vec<TagSnapshot>, bool) {
+    pub fn snapshot_page(&self, after: &TagCursor, count: usize) -> (Vec<TagSnapshot>, String) {
+        let after = after.0.as_slice();
         let tags = self.tags.load();
         let mut smallest: std::collections::BinaryHeap<&[u8]> =
             std::collections::BinaryHeap::with_capacity(count + 1);
@@ -45,22 +51,16 @@ impl SegmentEngine {
                 more = true;
             }
         }
-        let page = smallest
+        let page: Vec<TagSnapshot> = smallest
             .into_sorted_vec()
             .into_iter()
-            .filter_map(|name| {
-                let entry = tags.get(name)?;
-                Some(match entry.loaded() {
-                    Some(buffer) => snapshot_of(buffer),
-                    None => {
-                        let tag = String::from_utf8_lossy(name);
-                        let recorded = entry.recorded.as_deref();
-                        snapshot_of(&TagBuffer::new(&tag, &self.settings, recorded))
-                    }
-                })
-            })
+            .filter_map(|name| Some(self.entry_snapshot(name, tags.get(name)?)))
             .collect();
-        (page, more)
+        let next = match (more, page.last()) {
+            (true, Some(last)) => TagCursor(last.tag.as_bytes().to_vec()).render(),
+            _ => "0".to_string(),
+        };
+        (page, next)
     }
 
     /// The tags a request has asked for since the node started (or since the tag's rule last
