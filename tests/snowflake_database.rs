@@ -361,6 +361,113 @@ async fn postgres_a_claim_after_a_failover_waits_a_lease() {
     a_claim_after_a_failover_waits_a_lease(&url, Backend::Postgres).await;
 }
 
+/// Runs `sql` on the database `url` names (SQLite, MariaDB or PostgreSQL).
+async fn execute_on(url: &str, sql: &str) {
+    if url.starts_with("sqlite:") {
+        use sqlx::Connection;
+        let mut db = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query(sql).execute(&mut db).await.unwrap();
+    } else {
+        Backend::of(url).execute(url, sql).await;
+    }
+}
+
+/// `leaf_worker` loses its rows (`DELETE`, as a wipe or a restore of an empty table leaves it)
+/// while a node holds worker id 0 and issues: that node stops issuing at its next renewal,
+/// claims its id again and issues again a lease later by itself; a node starting meanwhile
+/// waits a whole lease before its first ID. No ID is issued twice.
+async fn a_wiped_lease_table(url: &str) {
+    let lease_ms = 3000;
+    let states: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let holder = App::open(node_config(url, &states[0], lease_ms))
+        .await
+        .expect("starts");
+    let issuer = holder.snowflake().unwrap();
+    let mut ids: Vec<i64> = issuer.next_ids(1000).await.unwrap();
+    execute_on(url, "DELETE FROM leaf_worker").await;
+    let wiped = std::time::Instant::now();
+    // Issues until its next renewal (a fifth of the lease) finds its row gone, then stops (a
+    // request then waits for the lease a while before its error).
+    let mut last_issued = wiped;
+    while issuer.next_ids(1).await.map(|got| ids.extend(got)).is_ok() {
+        last_issued = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        last_issued - wiped < Duration::from_millis(lease_ms / 2),
+        "the holder issued {:?} after the wipe",
+        last_issued - wiped
+    );
+    let refusal = issuer.next_ids(1).await.unwrap_err().to_string();
+    assert!(
+        refusal.contains("leaf_worker has no row for worker id"),
+        "{refusal}"
+    );
+    // Its claim again (within a renewal retry) comes before the newcomer's.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let newcomer = App::open(node_config(url, &states[1], lease_ms))
+        .await
+        .expect("starts");
+    ids.extend(newcomer.snowflake().unwrap().next_ids(1000).await.unwrap());
+    assert!(
+        started.elapsed() >= Duration::from_millis(lease_ms - 700),
+        "a claimant after the wipe waits a lease ({:?})",
+        started.elapsed()
+    );
+    assert_ne!(
+        newcomer.snowflake().unwrap().worker_id(),
+        issuer.worker_id()
+    );
+    // The holder serves again by itself, a lease after its claim again.
+    let deadline = std::time::Instant::now() + Duration::from_millis(3 * lease_ms);
+    loop {
+        match issuer.next_ids(1000).await {
+            Ok(got) => {
+                ids.extend(got);
+                break;
+            }
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "the holder does not issue again: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let unique: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(unique.len(), ids.len(), "an ID was issued twice");
+    holder.close().await;
+    newcomer.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_wiped_lease_table() {
+    let dir = tempfile::tempdir().unwrap();
+    a_wiped_lease_table(&format!("sqlite://{}/leafd.db", dir.path().display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_wiped_lease_table() {
+    let Some(url) = Backend::MySql
+        .fresh_database("mysql_a_wiped_lease_table")
+        .await
+    else {
+        return;
+    };
+    a_wiped_lease_table(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_wiped_lease_table() {
+    let Some(url) = Backend::Postgres
+        .fresh_database("postgres_a_wiped_lease_table")
+        .await
+    else {
+        return;
+    };
+    a_wiped_lease_table(&url).await;
+}
+
 /// Two processes sharing one state directory (one working directory, one config) hold two
 /// worker ids and two fence files: the second starts at once instead of waiting out the first
 /// one's fence (written `fence_window_ms` ahead), and neither repeats the other's IDs.

@@ -257,7 +257,7 @@ impl Coordinator for DatabaseCoordinator {
             tracing::warn!(
                 worker_id,
                 wait_ms = self.lease_ms,
-                "the database instance changed within the last lease (failover or restore): waiting a whole lease before issuing, in case a holder whose renewals were lost still issues"
+                "the database instance changed, or leaf_worker lost its rows, within the last lease (a failover, a restore, a wipe): waiting a whole lease before issuing, in case a holder the table no longer shows still issues"
             );
             floor
         } else {
@@ -340,15 +340,19 @@ fn renew_problem(since_ms: u64, holder: &str) -> String {
 }
 
 /// Claims `worker_id` again for `owner` after the store lost its leases, starting the store's
-/// settling period (claimants wait a whole lease); false when another node holds it now.
+/// settling period (claimants wait a whole lease); the fence of the holder before (a node that
+/// held the id meanwhile), or `None` when another node holds it now.
 async fn claim_again(
     store: &dyn WorkerLeaseStore,
     worker_id: u64,
     owner: &str,
     lease: i64,
-) -> Result<bool, crate::storage::StoreError> {
+) -> Result<Option<u64>, crate::storage::StoreError> {
     store.instance_changed_within(lease).await?;
-    Ok(store.claim(worker_id as i64, owner, lease).await?.is_some())
+    Ok(store
+        .claim(worker_id as i64, owner, lease)
+        .await?
+        .map(|fence| fence.max(0) as u64))
 }
 
 /// How soon a failed lease renewal is tried again (a few statements a second per node).
@@ -391,12 +395,12 @@ async fn renew(
         let now = clock.now_millis();
         if reclaim {
             match claim_again(store.as_ref(), worker_id, &owner, lease).await {
-                Ok(true) => {
+                Ok(Some(fence)) => {
                     reclaim = false;
-                    resume_at_ms = now + 2 * half_lease_ms;
+                    resume_at_ms = (now + 2 * half_lease_ms).max(fence);
                     tracing::warn!(worker_id, resume_at_ms, "worker id claimed again after the store went back; issuing resumes after a whole lease");
                 }
-                Ok(false) => {
+                Ok(None) => {
                     limit.revoke(format!(
                         "worker id {worker_id} was taken by another node after {holder} lost its leases; restart this node to lease another"
                     ));

@@ -7,7 +7,9 @@
 /// a connection reaches (see `storage::failover`).
 ///
 /// Row −1 is not a worker id: its owner is the instance that answered the last claim and its
-/// `lease_until` the database time at which that instance was first seen.
+/// `lease_until` the database time at which that instance was first seen. The migrations
+/// create it as `new` (a database that never had a holder); when it is missing, `leaf_worker`
+/// lost its rows while holders may still issue, and it is written again as first seen now.
 macro_rules! worker_lease_store {
     ($store:ty, $now:expr, $p:path, $instance:path) => {
         #[async_trait::async_trait]
@@ -24,7 +26,11 @@ macro_rules! worker_lease_store {
                     $now
                 );
                 let insert = format!(
-                    "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, {}, 0, 0)",
+                    "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, {}, {}, 0)",
+                    $p(1), $now
+                );
+                let adopt = format!(
+                    "UPDATE leaf_worker SET owner = {} WHERE worker_id = -1 AND owner = 'new'",
                     $p(1)
                 );
                 let switch = format!(
@@ -33,7 +39,7 @@ macro_rules! worker_lease_store {
                 );
                 // Nodes starting at once race for the first record (a unique clash, or on
                 // MySQL a deadlock of their gap locks): the loser reads the winner's.
-                let (read, insert, switch) = (&read, &insert, &switch);
+                let (read, insert, adopt, switch) = (&read, &insert, &adopt, &switch);
                 $crate::storage::committed::retry_conflicts(|| {
                     $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                         sqlx::query(lock).execute(&mut *tx).await?;
@@ -41,9 +47,16 @@ macro_rules! worker_lease_store {
                         let rows: Vec<(String, i64, i64)> =
                             sqlx::query_as(read).fetch_all(&mut *tx).await?;
                         let changed = match rows.first() {
-                            // No record yet: the first claim on this database.
+                            // The table lost its rows (a wipe, or a restore of an empty
+                            // table): a holder it no longer shows may still issue. Claimants
+                            // wait a whole lease from now.
                             None => {
                                 sqlx::query(insert).bind(&current).execute(&mut *tx).await?;
+                                true
+                            }
+                            // The first claim on a database the migrations created.
+                            Some((seen, _, _)) if seen == "new" => {
+                                sqlx::query(adopt).bind(&current).execute(&mut *tx).await?;
                                 false
                             }
                             Some((seen, since, now)) if *seen == current => now - since < window_ms,
@@ -139,9 +152,13 @@ macro_rules! worker_lease_store {
                     "UPDATE leaf_worker SET lease_until = {} + {}, fence_ms = CASE WHEN fence_ms > {} THEN fence_ms ELSE {} END WHERE worker_id = {} AND owner = {}",
                     $now, $p(1), $p(2), $p(3), $p(4), $p(5)
                 );
+                let read = format!(
+                    "SELECT lease_until, {} FROM leaf_worker WHERE worker_id = {}",
+                    $now, $p(1)
+                );
                 // The fence a renewal writes lets this node issue up to it: it counts only
                 // once committed.
-                $crate::storage::committed::committed(&self.pool, |mut tx| async move {
+                let renewed = $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                     let done = sqlx::query(&renew)
                         .bind(lease_ms)
                         .bind(fence_ms)
@@ -152,7 +169,26 @@ macro_rules! worker_lease_store {
                         .await?;
                     Ok((tx, done.rows_affected() == 1))
                 })
-                .await
+                .await?;
+                if renewed {
+                    return Ok(true);
+                }
+                // Not this node's row. Taken by a live holder: this node's lease is over. Gone,
+                // or another holder's whose lease has run out: the table went back (a wipe, a
+                // restore), and the id is claimed again after a whole lease.
+                let rows: Vec<(i64, i64)> = sqlx::query_as(&read)
+                    .bind(worker_id)
+                    .fetch_all(&self.pool)
+                    .await?;
+                match rows.first() {
+                    Some((until, now)) if until >= now => Ok(false),
+                    Some(_) => Err($crate::storage::StoreError::WentBack(format!(
+                        "leaf_worker shows worker id {worker_id} as another holder's, expired: the table went back (a restore)"
+                    ))),
+                    None => Err($crate::storage::StoreError::WentBack(format!(
+                        "leaf_worker has no row for worker id {worker_id}: the table lost its rows (a wipe, or a restore)"
+                    ))),
+                }
             }
 
             async fn release(

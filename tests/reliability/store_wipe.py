@@ -17,7 +17,11 @@ Every ID of every node is collected. Afterwards both worker ids must serve again
 refused, which is right); ZooKeeper's a and b may take theirs back at once, as each held its id
 alone; any other claimant waits a whole lease.
 
-    python3 tests/reliability/store_wipe.py LEAFD_BIN zookeeper|etcd [--runs N] [--partition|--restore|--restart]
+With `database` (the database coordinator, on the MariaDB server LEAFD_TEST_MYSQL_URL names)
+the wipe is `DELETE FROM leaf_worker` in the nodes' shared database; --partition puts a and b
+behind the frozen proxy to it.
+
+    python3 tests/reliability/store_wipe.py LEAFD_BIN zookeeper|etcd|database [--runs N] [--partition|--restore|--restart]
 """
 import argparse
 import os
@@ -103,6 +107,38 @@ class Store:
         self._run("stop", self.dir)
 
 
+class LeaseTable:
+    """The database coordinator's store: `leaf_worker` in a database of its own on the MariaDB
+    server LEAFD_TEST_MYSQL_URL names; a wipe deletes its rows (DELETE, as a wipe of the table
+    or a restore of an empty one leaves it) while the server and the nodes run."""
+
+    def __init__(self, run):
+        server = os.environ.get("LEAFD_TEST_MYSQL_URL")
+        if not server:
+            sys.exit("store_wipe.py database needs LEAFD_TEST_MYSQL_URL (mysql://user@host:port)")
+        rest = server.split("://", 1)[1].rstrip("/")
+        self.user, hostport = rest.split("@", 1) if "@" in rest else ("root", rest)
+        self.host, self.port = hostport.rsplit(":", 1) if ":" in hostport else (hostport, "3306")
+        self.name = f"leafd_wipe_{os.getpid()}_{run}"
+        self._sql(f"CREATE DATABASE {self.name}", database=None)
+        self.address = self.url(self.host, self.port)
+
+    def url(self, host, port):
+        return f"mysql://{self.user}@{host}:{port}/{self.name}"
+
+    def _sql(self, statement, database=""):
+        database = self.name if database == "" else database
+        cmd = ["mysql", "-u", self.user, "-h", self.host, "-P", str(self.port), "-e", statement]
+        subprocess.run(cmd + ([database] if database else []), check=True, capture_output=True,
+                       timeout=60)
+
+    def wipe(self):
+        self._sql("DELETE FROM leaf_worker")
+
+    def stop(self):
+        self._sql(f"DROP DATABASE IF EXISTS {self.name}", database=None)
+
+
 def start_node(binary, work, name, kind, address, cluster):
     snowflake = {"coordinator": kind, "worker_id_bits": WORKER_BITS, "sequence_bits": SEQUENCE_BITS,
                  "timestamp_bits": 63 - WORKER_BITS - SEQUENCE_BITS, "max_start_wait_ms": 10000}
@@ -112,11 +148,13 @@ def start_node(binary, work, name, kind, address, cluster):
                                          "session_timeout_ms": 2000, "report_interval_ms": 500,
                                          "lease_ms": LEASE_MS, "advertise": f"10.98.0.{len(name)}:{6380 + ord(name[0])}",
                                          "cache_file": f"{work}/{name}/worker.json"}
-    else:
+    elif kind == "etcd":
         config["snowflake.etcd"] = {"endpoints": [address], "cluster": cluster,
                                     "lease_ms": LEASE_MS, "request_timeout_ms": 500}
-    node = leafd.Node(binary, work, name, f"sqlite://{work}/{name}/leafd.db", config=config,
-                      http_bind=None)
+    else:
+        snowflake["database_lease_ms"] = LEASE_MS
+    storage = address if kind == "database" else f"sqlite://{work}/{name}/leafd.db"
+    node = leafd.Node(binary, work, name, storage, config=config, http_bind=None)
     return node.start()
 
 
@@ -128,13 +166,16 @@ def loader(node):
 def one_run(binary, kind, partition, run, restore=False, restart=False):
     started = time.monotonic()
     work = tempfile.mkdtemp(prefix=f"leafd-wipe-{kind}-")
-    store = Store(kind, os.path.join(work, "store"))
+    store = LeaseTable(run) if kind == "database" else Store(kind, os.path.join(work, "store"))
     cluster = f"wipe-{os.getpid()}-{run}"
     proxy = None
     nodes, loaders, failures = [], [], []
     try:
         address = store.address
-        if partition:
+        if partition and kind == "database":
+            proxy = leafd.TcpProxy((store.host, int(store.port)), "ab-to-database")
+            address = store.url("127.0.0.1", proxy.port)
+        elif partition:
             host, port = address.replace("http://", "").rsplit(":", 1)
             proxy = leafd.TcpProxy((host, int(port)), "ab-to-etcd")
             address = f"http://127.0.0.1:{proxy.port}"
@@ -238,7 +279,7 @@ def one_run(binary, kind, partition, run, restore=False, restart=False):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("binary")
-    parser.add_argument("kind", choices=("zookeeper", "etcd"))
+    parser.add_argument("kind", choices=("zookeeper", "etcd", "database"))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partition", action="store_true")
     parser.add_argument("--restore", action="store_true")
