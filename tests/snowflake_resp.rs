@@ -327,3 +327,31 @@ async fn from_time_splits_issued_ids_at_each_instant() {
     assert!(body.contains("past the last millisecond"), "{body}");
     server.stop().await;
 }
+
+/// One config started twice (two nodes on one state directory with one static worker id)
+/// would issue the same IDs: the second is refused while the first runs, and starts after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_worker_id_is_held_by_one_process_per_fence_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.storage.url = format!("sqlite://{}/leafd.db", dir.path().display());
+    config.storage.state_dir = dir.path().display().to_string();
+    config.snowflake.coordinator = leafd::config::CoordinatorKind::Static;
+    config.snowflake.worker_id = 5;
+    let config = common::test_config(config);
+    let first = leafd::app::App::open(config.clone()).await.unwrap();
+    let refused = leafd::app::App::open(config.clone())
+        .await
+        .err()
+        .expect("a second holder of worker id 5 is refused")
+        .to_string();
+    assert!(
+        refused.contains("worker id 5 is in use by another process with the same fence file")
+            && refused.contains("snowflake-fence-w5.json.lock"),
+        "{refused}"
+    );
+    first.close().await;
+    let second = leafd::app::App::open(config).await.unwrap();
+    second.snowflake().unwrap().next_ids(1).await.unwrap();
+    second.close().await;
+}

@@ -47,9 +47,17 @@ pub(super) async fn start_snowflake(
     }
     let layout = snowflake_layout(sf);
     let coordinator: Box<dyn Coordinator> = match sf.coordinator {
-        CoordinatorKind::Static => Box::new(StaticCoordinator {
-            worker_id: sf.worker_id,
-        }),
+        CoordinatorKind::Static => {
+            let fence = FenceFile::new(sf.fence_path(&config.storage)).for_worker(sf.worker_id);
+            Box::new(StaticCoordinator {
+                worker_id: sf.worker_id,
+                lock_path: {
+                    let mut path = fence.path().as_os_str().to_owned();
+                    path.push(".lock");
+                    path.into()
+                },
+            })
+        }
         CoordinatorKind::Zookeeper => {
             let endpoint =
                 coord::identity::endpoint(sf.zookeeper.advertise.as_deref(), config.resp_bind())?;

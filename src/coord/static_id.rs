@@ -1,6 +1,7 @@
 //! The static coordinator: the worker id is a number in the configuration, assigned by hand;
 //! only the local time fence protects it (distinct ids per node are the operator's job).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -10,9 +11,14 @@ use crate::coord::IssueLimit;
 
 pub struct StaticCoordinator {
     pub worker_id: u64,
+    /// Held (an exclusive file lock) while this process issues with the id: a second process
+    /// given the same id and the same fence file (one config started twice, two nodes on one
+    /// state directory) is refused instead of issuing the same IDs.
+    pub lock_path: PathBuf,
 }
 
-struct StaticWorker(u64);
+/// The id and the open lock file; the lock ends with the process or the worker.
+struct StaticWorker(u64, #[allow(dead_code)] std::fs::File);
 
 #[async_trait]
 impl HeldWorker for StaticWorker {
@@ -31,6 +37,35 @@ impl HeldWorker for StaticWorker {
     async fn close(self: Box<Self>, _last_issued_ms: Option<u64>) {}
 }
 
+impl StaticCoordinator {
+    fn lock(&self) -> Result<std::fs::File, CoordError> {
+        let failed =
+            |e: std::io::Error| CoordError::Fence(format!("{}: {e}", self.lock_path.display()));
+        if let Some(dir) = self
+            .lock_path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir).map_err(failed)?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&self.lock_path)
+            .map_err(failed)?;
+        match file.try_lock() {
+            Ok(()) => Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => Err(CoordError::NoFreeWorkerId(format!(
+                "worker id {} is in use by another process with the same fence file ({} is locked): give each node its own snowflake.worker_id and state directory",
+                self.worker_id,
+                self.lock_path.display()
+            ))),
+            Err(std::fs::TryLockError::Error(e)) => Err(failed(e)),
+        }
+    }
+}
+
 #[async_trait]
 impl Coordinator for StaticCoordinator {
     fn kind(&self) -> &'static str {
@@ -38,6 +73,32 @@ impl Coordinator for StaticCoordinator {
     }
 
     async fn acquire(&self, _limit: Arc<IssueLimit>) -> Result<Box<dyn HeldWorker>, CoordError> {
-        Ok(Box::new(StaticWorker(self.worker_id)))
+        Ok(Box::new(StaticWorker(self.worker_id, self.lock()?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_second_holder_of_one_fence_file_is_refused_until_the_first_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let coordinator = StaticCoordinator {
+            worker_id: 3,
+            lock_path: dir.path().join("snowflake-fence-w3.json.lock"),
+        };
+        let limit = Arc::new(IssueLimit::new());
+        let first = coordinator.acquire(limit.clone()).await.unwrap();
+        let refused = coordinator.acquire(limit.clone()).await.err().unwrap();
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "no free worker id: worker id 3 is in use by another process with the same fence file ({} is locked): give each node its own snowflake.worker_id and state directory",
+                dir.path().join("snowflake-fence-w3.json.lock").display()
+            )
+        );
+        first.close(None).await;
+        coordinator.acquire(limit).await.unwrap();
     }
 }
