@@ -30,6 +30,7 @@ pub use deferred::DeferredStore;
 pub use failover::FailoverSkip;
 pub use marks::SegmentMarks;
 pub use memory::MemoryStore;
+pub use migrate::statements as migration_statements;
 pub use mysql::MySqlStore;
 pub use on_runtime::OnRuntime;
 pub use postgres::PostgresStore;

@@ -108,6 +108,21 @@ impl Backend {
         }
     }
 
+    /// The one integer `sql` returns (a count) from a test database.
+    #[allow(dead_code)]
+    pub async fn query_i64(self, url: &str, sql: &str) -> i64 {
+        match self {
+            Backend::MySql => {
+                let mut db = sqlx::MySqlConnection::connect(url).await.unwrap();
+                sqlx::query_scalar(sql).fetch_one(&mut db).await.unwrap()
+            }
+            Backend::Postgres => {
+                let mut db = sqlx::PgConnection::connect(url).await.unwrap();
+                sqlx::query_scalar(sql).fetch_one(&mut db).await.unwrap()
+            }
+        }
+    }
+
     /// The backend a test database URL names.
     pub fn of(url: &str) -> Backend {
         if url.starts_with("mysql") {

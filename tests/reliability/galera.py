@@ -17,8 +17,9 @@ Scenario 1, simultaneous starts (issue 33: before the fix 2 of 3 starts exited i
 with "migration ... Deadlock / Duplicate entry / partially applied"): ROUNDS rounds, each on a
 new database created through member 1 (Galera replicates it; the script waits until every member
 has it). Three nodes, node i on member i, each with the tag in [[segment.tags]] (so the three
-race to create it too), are spawned at the same instant: GET_LOCK is held only on the member that
-granted it, so the three migrate the schema together. Every start must come up (answer PING)
+race to create it too), are spawned at the same instant (with --busy N, beside N processes
+spinning on the CPU): the migration lock is a row of leafd_migration_lock that Galera replicates
+(GET_LOCK, held only on the member that granted it, let the three migrate together). Every start must come up (answer PING)
 without exiting; each then serves INCR and SNOWFLAKE: all IDs distinct, per connection
 increasing, three different snowflake worker ids; the schema's migration rows are the same on
 every member, all successful, and the tag is one row.
@@ -49,7 +50,7 @@ certification to an allocation on another member and answer `-UNAVAILABLE storag
 database write failed: ... 1213 (40001): Deadlock found ...`: the script retries it and prints
 a note.
 
-usage: galera.py LEAFD_BIN [--only starts|kill]... [--rounds N] [--rejoin ist|sst] [--keep]
+usage: galera.py LEAFD_BIN [--only starts|kill]... [--rounds N] [--busy N] [--rejoin ist|sst] [--keep]
 Runs as root (the members as `mysql`) or as any user (the members as that user). Needs MariaDB
 (mariadb-install-db, /usr/sbin/mariadbd, mysql: scripts/services.sh); installs galera-4 and rsync
 from Debian when missing (apt-get, idempotent). Loopback only. About 40 s. Everything it
@@ -433,8 +434,27 @@ def start_round(binary, work, cluster, round_no):
         drop_database(cluster, database)
 
 
-def simultaneous_starts(binary, work, cluster, summaries, rounds=ROUNDS):
+def busy_loops(count):
+    """`count` processes spinning on the CPU (a busy machine), to stop with stop_busy_loops."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def stop_busy_loops(loops):
+    for loop in loops:
+        loop.kill()
+        loop.wait()
+
+
+def simultaneous_starts(binary, work, cluster, summaries, rounds=ROUNDS, busy=0):
     started = time.monotonic()
+    loops = busy_loops(busy)
+    try:
+        return starts_rounds(binary, work, cluster, summaries, rounds, busy, started)
+    finally:
+        stop_busy_loops(loops)
+
+
+def starts_rounds(binary, work, cluster, summaries, rounds, busy, started):
     came_up, ids, times, workers = 0, 0, [], []
     exits, problems, warnings = [], [], collections.Counter()
     racers, reruns = 0, collections.Counter()
@@ -454,7 +474,8 @@ def simultaneous_starts(binary, work, cluster, summaries, rounds=ROUNDS):
               f"starts that lost the migration race and ran it again {lost} ({dict(why) or 'none'})"
               + "".join(f"\n    {name} exited with status {code}: {line}" for name, code, line in round_exits),
               flush=True)
-    summary = (f"galera simultaneous starts: starts that came up {came_up} of {3 * rounds}, "
+    summary = (f"galera simultaneous starts{f' beside {busy} busy loops' if busy else ''}: "
+               f"starts that came up {came_up} of {3 * rounds}, "
                f"all up in {' / '.join(f'{t:.2f}' for t in times)} s, {ids} IDs distinct "
                f"{'yes' if not problems else 'see failures'}, starts that lost the migration race and ran it "
                f"again {racers} (runs lost by error {dict(reruns) or 'none'}), "
@@ -704,6 +725,8 @@ def main():
     parser.add_argument("binary")
     parser.add_argument("--only", action="append", choices=["starts", "kill"])
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of simultaneous starts")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="processes spinning on the CPU beside the simultaneous starts")
     parser.add_argument("--rejoin", choices=["ist", "sst"], default="ist",
                         help="the killed member rejoins by IST (its position recovered first, as "
                              "Debian's systemd unit does) or by a full SST (position not recovered)")
@@ -731,7 +754,8 @@ def main():
         for name in only:
             try:
                 if name == "starts":
-                    passed.append(simultaneous_starts(binary, work, cluster, summaries, args.rounds))
+                    passed.append(simultaneous_starts(binary, work, cluster, summaries, args.rounds,
+                                                      args.busy))
                 else:
                     passed.append(member_kill(binary, work, cluster, summaries, args.rejoin))
             except (Failure, leafd.NodeError, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
