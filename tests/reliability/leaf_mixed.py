@@ -36,12 +36,12 @@ Scenarios (about 100 s in all):
               binary starts beside it on the same table (migrating it under load), both loaded
               (BOTH s); then the previous node stops and the new one serves alone (ALONE s).
               Then the previous binary is started once more on the migrated table (reported,
-              not judged: a rollback needs storage.migrate = false).
+              not judged here: tests/reliability/rollback.py judges rollbacks under load).
 Per scenario one summary line: IDs per node, ranges loaded per node (leafd: its /metrics), range
 handovers between nodes crossed in ID order, repeated segment IDs, snowflake IDs, worker ids,
 repeated snowflake IDs. Exit status 1 on any repeat or failure.
 
-Passing the previous binary as NEW must fail with repeats in leaf-mixed: that earlier leafd
+Passing release 0c1dd66 as NEW must fail with repeats in leaf-mixed: that earlier leafd
 served (max_id - step, max_id], so a Leaf range allocated right after a leafd range served to
 its end shares one ID.
 
