@@ -154,3 +154,55 @@ async fn postgres_a_migration_cut_at_each_migration() {
         check_schema(Backend::Postgres, &url, &cut, last).await;
     }
 }
+
+/// A node killed while it held the migration lock (a row with a lease) and cut its migration
+/// part-way: the next nodes wait out the lease, then one takes the lock and completes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_lock_left_by_a_killed_migration_is_taken_over() {
+    let Some(url) = Backend::MySql
+        .fresh_database("mysql_a_lock_left_by_a_killed_migration_is_taken_over")
+        .await
+    else {
+        return;
+    };
+    let all = sqlx::migrate!("./migrations/mysql");
+    let cut = all.iter().find(|m| m.version == 7).unwrap();
+    {
+        use sqlx::Connection;
+        let mut db = sqlx::MySqlConnection::connect(&url).await.unwrap();
+        migrations_before(&all, 7)
+            .run_direct(&mut db)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (?, ?, FALSE, ?, -1)",
+        )
+        .bind(cut.version)
+        .bind(&*cut.description)
+        .bind(&*cut.checksum)
+        .execute(&mut db)
+        .await
+        .unwrap();
+        let first = leafd::storage::migration_statements(&cut.sql).remove(0);
+        sqlx::query(&first).execute(&mut db).await.unwrap();
+        // The lock as the killed node left it: 3 s of its lease left.
+        sqlx::query("CREATE TABLE leafd_migration_lock (id INT NOT NULL PRIMARY KEY, holder VARCHAR(64) NOT NULL, until_ms BIGINT NOT NULL)")
+            .execute(&mut db)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO leafd_migration_lock VALUES (1, 'killed', CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 3000)")
+            .execute(&mut db)
+            .await
+            .unwrap();
+    }
+    let started = std::time::Instant::now();
+    three_nodes_start(&url, "a killed holder's lock").await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(2500)
+            && waited < std::time::Duration::from_secs(10),
+        "the lock's lease is waited out, no more: {waited:?}"
+    );
+    let last = all.iter().map(|m| m.version).max().unwrap();
+    check_schema(Backend::MySql, &url, "a killed holder's lock", last).await;
+}
