@@ -2,9 +2,11 @@
 //! with the next segment preloaded in the background so requests rarely wait for storage.
 
 mod buffer;
+mod entry;
 mod load;
 pub mod opaque;
 pub mod period;
+mod rule;
 mod settings;
 mod snapshot;
 pub mod step;
@@ -13,17 +15,20 @@ mod tags;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 pub use buffer::{store_reason, BufferState, Interleave, LoadFailure, Segment};
+pub use entry::TagBuffer;
+use entry::TagEntry;
 pub use load::LoadObserver;
 pub use opaque::OpaqueCipher;
 pub use period::{Calendar, PeriodRule};
+pub use rule::{TagRule, MAX_PREFIX_LEN};
 pub use settings::{AutoCreate, SegmentSettings};
-pub use snapshot::{TagCursor, WHOLE_LIST_LIMIT};
+pub use snapshot::{TagCursor, TagSnapshot, WHOLE_LIST_LIMIT};
 pub use tags::{validate_tag_name, MAX_TAG_LEN, MAX_TAG_START};
 
 use crate::clock::Clock;
@@ -84,233 +89,6 @@ impl From<StoreError> for SegmentError {
     }
 }
 
-/// Longest prefix of a period tag's string form: its row records the prefix with the rule, in
-/// a column of 255 characters.
-pub const MAX_PREFIX_LEN: usize = 64;
-
-/// How a tag's IDs are ordered, as this node serves it: its configuration's rule, or for a tag
-/// it does not configure, the rule the tag's row records.
-#[derive(Debug, Clone)]
-pub enum TagRule {
-    /// Leaf's double buffer (with the node's split or opaque IDs, if any).
-    Trend,
-    /// Strictly increasing across the cluster.
-    Strict,
-    /// A sequence that restarts each period (served strict).
-    Period(Arc<PeriodRule>),
-}
-
-impl TagRule {
-    /// What the tag's row records of the rule (`None`: trend, whose row may record a split).
-    pub fn record(&self) -> Option<String> {
-        match self {
-            TagRule::Trend => None,
-            TagRule::Strict => Some(load::STRICT_MARKER.to_string()),
-            TagRule::Period(rule) => Some(rule.record()),
-        }
-    }
-
-    /// The rule an admin names at run time (`LEAF.TAG CREATE … ORDER strict PERIOD daily ZONE
-    /// Asia/Shanghai DIGITS 6 PREFIX ORD`, or the same fields over HTTP), checked as the
-    /// configuration's keys are; the message names what is wrong.
-    pub fn named(
-        order: Option<&str>,
-        period: Option<&str>,
-        time_zone: Option<&str>,
-        digits: Option<u32>,
-        prefix: Option<&str>,
-    ) -> Result<TagRule, String> {
-        let strict = match order.map(str::to_ascii_lowercase).as_deref() {
-            None | Some("trend") => false,
-            Some("strict") => true,
-            Some(other) => return Err(format!("ORDER must be strict or trend, not '{other}'")),
-        };
-        let Some(period) = period else {
-            if time_zone.is_some() || digits.is_some() || prefix.is_some() {
-                return Err("ZONE, DIGITS and PREFIX belong to a PERIOD".into());
-            }
-            return Ok(if strict {
-                TagRule::Strict
-            } else {
-                TagRule::Trend
-            });
-        };
-        if order.is_some() && !strict {
-            return Err(
-                "a period tag is served in strict order: ORDER trend does not apply".into(),
-            );
-        }
-        let calendar = Calendar::from_name(period)
-            .ok_or_else(|| format!("PERIOD must be daily, monthly or yearly, not '{period}'"))?;
-        let zone_name = time_zone.unwrap_or("UTC");
-        let zone = jiff::tz::TimeZone::get(zone_name).map_err(|_| {
-            format!("ZONE '{zone_name}' is not an IANA time zone (e.g. UTC, Asia/Shanghai)")
-        })?;
-        let digits = digits.unwrap_or(6);
-        let most = calendar.max_sequence_digits();
-        if !(1..=most).contains(&digits) {
-            return Err(format!(
-                "DIGITS must be between 1 and {most} for a {} period",
-                calendar.name()
-            ));
-        }
-        let prefix = prefix.unwrap_or("");
-        if prefix.chars().any(|c| !c.is_ascii_graphic()) || prefix.len() > MAX_PREFIX_LEN {
-            return Err(format!(
-                "PREFIX must be printable ASCII without spaces, at most {MAX_PREFIX_LEN} characters"
-            ));
-        }
-        let rule = PeriodRule::new(calendar, zone, zone_name, digits, prefix);
-        Ok(TagRule::Period(Arc::new(rule)))
-    }
-
-    /// The rule a row's record gives a node that does not configure the tag: a period
-    /// recorded in full, strict order, or else trend (which the allocation then checks).
-    pub fn from_record(recorded: Option<&str>) -> TagRule {
-        match recorded {
-            Some(load::STRICT_MARKER) => TagRule::Strict,
-            Some(r) => PeriodRule::from_record(r)
-                .map(|rule| TagRule::Period(Arc::new(rule)))
-                .unwrap_or(TagRule::Trend),
-            None => TagRule::Trend,
-        }
-    }
-}
-
-/// A tag's double buffer and the signal that a load finished.
-pub struct TagBuffer {
-    name: Arc<str>,
-    state: Mutex<BufferState>,
-    /// Bumped after every finished load, so waiting requests re-check the buffers.
-    loaded: watch::Sender<u64>,
-    /// One allocation of this tag at a time on this node (a background load or an INCRBY
-    /// block), each checked against the high-water mark before the next is sent: responses of
-    /// concurrent allocations could otherwise arrive out of order and look like a rollback,
-    /// and a real rollback between two in-flight allocations could go unseen.
-    allocating: tokio::sync::Mutex<()>,
-    /// The permutation its IDs go through before they are handed out (opaque IDs).
-    opaque: Option<Arc<OpaqueCipher>>,
-    /// The database confirmed that this tag serves opaque IDs under this key.
-    opaque_claimed: std::sync::atomic::AtomicBool,
-    /// `order = "strict"`: every request allocates in the table, batched ([`strict`]); the
-    /// buffers stay empty, so the fast paths never serve it.
-    strict: bool,
-    /// Strict requests waiting for the next allocation of the tag.
-    strict_waiting: Mutex<Vec<strict::Waiting>>,
-    /// A sequence that restarts each period (served strict).
-    period: Option<Arc<PeriodRule>>,
-    /// The period whose sequence numbers this node saw run out (0: none): no allocation is
-    /// asked for until the node's clock reaches the next period.
-    period_exhausted: std::sync::atomic::AtomicI64,
-    /// For a tag this node does not configure: the rule record it was built from (the row's),
-    /// so a changed record builds it anew. `None` for a configured tag.
-    followed: Option<Option<String>>,
-}
-
-impl TagBuffer {
-    /// A tag's buffer, by this node's configuration, or by `recorded` (the row's record) for a
-    /// tag the node does not configure.
-    fn new(name: &str, settings: &SegmentSettings, recorded: Option<&str>) -> TagBuffer {
-        let follows = settings.follows_row(name);
-        let rule = if follows {
-            TagRule::from_record(recorded)
-        } else {
-            settings.configured_rule(name)
-        };
-        TagBuffer {
-            name: name.into(),
-            state: Mutex::new(BufferState {
-                interleave: settings.interleave_of(name),
-                ..BufferState::default()
-            }),
-            loaded: watch::Sender::new(0),
-            allocating: tokio::sync::Mutex::new(()),
-            opaque: settings.opaque_of(name),
-            opaque_claimed: std::sync::atomic::AtomicBool::new(false),
-            strict: !matches!(rule, TagRule::Trend),
-            strict_waiting: Mutex::new(Vec::new()),
-            period: match &rule {
-                TagRule::Period(period) => Some(period.clone()),
-                _ => None,
-            },
-            period_exhausted: std::sync::atomic::AtomicI64::new(0),
-            followed: follows.then(|| rule.record()),
-        }
-    }
-
-    /// Whether this buffer still serves the rule `recorded` (the row's record) gives it: a
-    /// configured tag always does; a followed one while the record's rule is unchanged.
-    fn serves_record(&self, recorded: Option<&str>) -> bool {
-        match &self.followed {
-            None => true,
-            Some(built_from) => *built_from == TagRule::from_record(recorded).record(),
-        }
-    }
-
-    /// What a request gets for the sequential ID `last`: itself, or its opaque ID (`None` past
-    /// the opaque range: the tag's IDs are exhausted). Inlined: every INCR passes here.
-    #[inline]
-    fn handed_out(&self, last: i64) -> Option<i64> {
-        match &self.opaque {
-            None => Some(last),
-            Some(cipher) => cipher.encode(last),
-        }
-    }
-
-    /// [`TagBuffer::handed_out`] for a request that waited: past the opaque range the tag's
-    /// IDs are exhausted, and it is told so.
-    fn hand_out(&self, last: i64) -> Result<i64, SegmentError> {
-        self.handed_out(last)
-            .ok_or_else(|| SegmentError::Exhausted(self.name.to_string()))
-    }
-
-    /// Opaque IDs are handed out one at a time: a block of them is not a range.
-    fn refuses_count(&self, n: i64) -> Option<SegmentError> {
-        (n != 1 && self.opaque.is_some()).then(|| {
-            SegmentError::Invalid(format!(
-                "tag '{}' hands out opaque IDs, one per request: a block of {n} is not a range of IDs (use INCR)",
-                self.name
-            ))
-        })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, BufferState> {
-        // Nothing between lock and unlock can panic half-way through a change of state.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// A copy of one tag's state for LEAF.TAGS and the monitor page.
-#[derive(Debug, Clone)]
-pub struct TagSnapshot {
-    pub tag: String,
-    /// `"strict"` (`order = "strict"`) or `"trend"`.
-    pub order: &'static str,
-    /// This node's data-centre split of the tag (`delta:remainder`), `None` for the whole space:
-    /// clusters on separate databases compare it by hand (each table knows only its own).
-    pub split: Option<String>,
-    /// The fingerprint of an opaque tag's key and digits (`d10:…`), the same in every cluster.
-    pub opaque: Option<String>,
-    /// A period tag's rule (`daily Asia/Shanghai 6`).
-    pub period: Option<String>,
-    /// The step of the last load (the adaptive step).
-    pub step: i64,
-    /// The step stored in the table.
-    pub table_step: i64,
-    /// The table's `max_id` as of this node's last load.
-    pub max_id: i64,
-    pub current: Option<Segment>,
-    pub next: Option<Segment>,
-    pub loading: bool,
-    pub last_error: Option<String>,
-    /// IDs this node handed out of the tag.
-    pub served: u64,
-    pub loads_ok: u64,
-    pub loads_failed: u64,
-    pub rollbacks: u64,
-    pub failover_skips: u64,
-}
-
 /// Counters of the engine's activity.
 #[derive(Debug, Default)]
 pub struct SegmentStats {
@@ -337,50 +115,6 @@ enum Step {
 /// Tags are created only by admins and configuration, so the hash needs no defence against
 /// chosen collisions beyond foldhash's per-process seed; SipHash cost more than the rest of
 /// an INCR's lookup.
-/// A tag of the table. Its buffers are built at its first request, so a tag never asked for
-/// costs this entry only (nodes of SaaS users know hundreds of thousands of cold tags).
-pub(super) struct TagEntry {
-    /// The rule its row records (`split`), which a node that does not configure it follows.
-    recorded: Option<Box<str>>,
-    buffer: std::sync::OnceLock<Arc<TagBuffer>>,
-}
-
-impl TagEntry {
-    fn new(recorded: Option<&str>) -> Arc<TagEntry> {
-        Arc::new(TagEntry {
-            recorded: recorded.map(Box::from),
-            buffer: std::sync::OnceLock::new(),
-        })
-    }
-
-    fn built(buffer: Arc<TagBuffer>, recorded: Option<&str>) -> Arc<TagEntry> {
-        Arc::new(TagEntry {
-            recorded: recorded.map(Box::from),
-            buffer: std::sync::OnceLock::from(buffer),
-        })
-    }
-
-    /// The buffers, once a request built them.
-    #[inline]
-    fn loaded(&self) -> Option<&Arc<TagBuffer>> {
-        self.buffer.get()
-    }
-
-    /// The buffers, built now if this is the tag's first request.
-    fn buffer(&self, name: &str, settings: &SegmentSettings) -> &Arc<TagBuffer> {
-        self.buffer
-            .get_or_init(|| Arc::new(TagBuffer::new(name, settings, self.recorded.as_deref())))
-    }
-
-    /// Whether this entry still serves the row's record `recorded`.
-    fn serves_record(&self, recorded: Option<&str>) -> bool {
-        match self.loaded() {
-            Some(buffer) => buffer.serves_record(recorded),
-            None => self.recorded.as_deref() == recorded,
-        }
-    }
-}
-
 type TagMap = HashMap<Box<[u8]>, Arc<TagEntry>, foldhash::fast::RandomState>;
 
 /// Batched allocations in flight at once on a server database (SQLite: one): with the

@@ -1,6 +1,6 @@
 //! A copy of every tag's buffers and counters, for LEAF.TAGS and the monitor page.
 
-use super::{LoadFailure, SegmentEngine, TagBuffer, TagEntry, TagSnapshot};
+use super::{LoadFailure, Segment, SegmentEngine, TagBuffer, TagEntry};
 
 impl SegmentEngine {
     /// Every known tag's buffers, sorted by tag (a tag never asked for shows empty buffers).
@@ -136,4 +136,35 @@ fn snapshot_of(buffer: &TagBuffer) -> TagSnapshot {
             LoadFailure::Unavailable(reason) => reason.to_string(),
         }),
     }
+}
+
+/// A copy of one tag's state for LEAF.TAGS and the monitor page.
+#[derive(Debug, Clone)]
+pub struct TagSnapshot {
+    pub tag: String,
+    /// `"strict"` (`order = "strict"`) or `"trend"`.
+    pub order: &'static str,
+    /// This node's data-centre split of the tag (`delta:remainder`), `None` for the whole space:
+    /// clusters on separate databases compare it by hand (each table knows only its own).
+    pub split: Option<String>,
+    /// The fingerprint of an opaque tag's key and digits (`d10:…`), the same in every cluster.
+    pub opaque: Option<String>,
+    /// A period tag's rule (`daily Asia/Shanghai 6`).
+    pub period: Option<String>,
+    /// The step of the last load (the adaptive step).
+    pub step: i64,
+    /// The step stored in the table.
+    pub table_step: i64,
+    /// The table's `max_id` as of this node's last load.
+    pub max_id: i64,
+    pub current: Option<Segment>,
+    pub next: Option<Segment>,
+    pub loading: bool,
+    pub last_error: Option<String>,
+    /// IDs this node handed out of the tag.
+    pub served: u64,
+    pub loads_ok: u64,
+    pub loads_failed: u64,
+    pub rollbacks: u64,
+    pub failover_skips: u64,
 }

@@ -1,0 +1,157 @@
+//! A tag's state on this node: its double buffer (built at the tag's first request) and its
+//! entry in the engine's map of tags.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
+
+use super::{
+    strict, BufferState, OpaqueCipher, PeriodRule, SegmentError, SegmentSettings, TagRule,
+};
+
+/// A tag's double buffer and the signal that a load finished.
+pub struct TagBuffer {
+    pub(super) name: Arc<str>,
+    pub(super) state: Mutex<BufferState>,
+    /// Bumped after every finished load, so waiting requests re-check the buffers.
+    pub(super) loaded: watch::Sender<u64>,
+    /// One allocation of this tag at a time on this node (a background load or an INCRBY
+    /// block), each checked against the high-water mark before the next is sent: responses of
+    /// concurrent allocations could otherwise arrive out of order and look like a rollback,
+    /// and a real rollback between two in-flight allocations could go unseen.
+    pub(super) allocating: tokio::sync::Mutex<()>,
+    /// The permutation its IDs go through before they are handed out (opaque IDs).
+    pub(super) opaque: Option<Arc<OpaqueCipher>>,
+    /// The database confirmed that this tag serves opaque IDs under this key.
+    pub(super) opaque_claimed: std::sync::atomic::AtomicBool,
+    /// `order = "strict"`: every request allocates in the table, batched ([`strict`]); the
+    /// buffers stay empty, so the fast paths never serve it.
+    pub(super) strict: bool,
+    /// Strict requests waiting for the next allocation of the tag.
+    pub(super) strict_waiting: Mutex<Vec<strict::Waiting>>,
+    /// A sequence that restarts each period (served strict).
+    pub(super) period: Option<Arc<PeriodRule>>,
+    /// The period whose sequence numbers this node saw run out (0: none): no allocation is
+    /// asked for until the node's clock reaches the next period.
+    pub(super) period_exhausted: std::sync::atomic::AtomicI64,
+    /// For a tag this node does not configure: the rule record it was built from (the row's),
+    /// so a changed record builds it anew. `None` for a configured tag.
+    pub(super) followed: Option<Option<String>>,
+}
+
+impl TagBuffer {
+    /// A tag's buffer, by this node's configuration, or by `recorded` (the row's record) for a
+    /// tag the node does not configure.
+    pub(super) fn new(name: &str, settings: &SegmentSettings, recorded: Option<&str>) -> TagBuffer {
+        let follows = settings.follows_row(name);
+        let rule = if follows {
+            TagRule::from_record(recorded)
+        } else {
+            settings.configured_rule(name)
+        };
+        TagBuffer {
+            name: name.into(),
+            state: Mutex::new(BufferState {
+                interleave: settings.interleave_of(name),
+                ..BufferState::default()
+            }),
+            loaded: watch::Sender::new(0),
+            allocating: tokio::sync::Mutex::new(()),
+            opaque: settings.opaque_of(name),
+            opaque_claimed: std::sync::atomic::AtomicBool::new(false),
+            strict: !matches!(rule, TagRule::Trend),
+            strict_waiting: Mutex::new(Vec::new()),
+            period: match &rule {
+                TagRule::Period(period) => Some(period.clone()),
+                _ => None,
+            },
+            period_exhausted: std::sync::atomic::AtomicI64::new(0),
+            followed: follows.then(|| rule.record()),
+        }
+    }
+
+    /// Whether this buffer still serves the rule `recorded` (the row's record) gives it: a
+    /// configured tag always does; a followed one while the record's rule is unchanged.
+    pub(super) fn serves_record(&self, recorded: Option<&str>) -> bool {
+        match &self.followed {
+            None => true,
+            Some(built_from) => *built_from == TagRule::from_record(recorded).record(),
+        }
+    }
+
+    /// What a request gets for the sequential ID `last`: itself, or its opaque ID (`None` past
+    /// the opaque range: the tag's IDs are exhausted). Inlined: every INCR passes here.
+    #[inline]
+    pub(super) fn handed_out(&self, last: i64) -> Option<i64> {
+        match &self.opaque {
+            None => Some(last),
+            Some(cipher) => cipher.encode(last),
+        }
+    }
+
+    /// [`TagBuffer::handed_out`] for a request that waited: past the opaque range the tag's
+    /// IDs are exhausted, and it is told so.
+    pub(super) fn hand_out(&self, last: i64) -> Result<i64, SegmentError> {
+        self.handed_out(last)
+            .ok_or_else(|| SegmentError::Exhausted(self.name.to_string()))
+    }
+
+    /// Opaque IDs are handed out one at a time: a block of them is not a range.
+    pub(super) fn refuses_count(&self, n: i64) -> Option<SegmentError> {
+        (n != 1 && self.opaque.is_some()).then(|| {
+            SegmentError::Invalid(format!(
+                "tag '{}' hands out opaque IDs, one per request: a block of {n} is not a range of IDs (use INCR)",
+                self.name
+            ))
+        })
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, BufferState> {
+        // Nothing between lock and unlock can panic half-way through a change of state.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A tag of the table. Its buffers are built at its first request, so a tag never asked for
+/// costs this entry only (nodes of SaaS users know hundreds of thousands of cold tags).
+pub(super) struct TagEntry {
+    /// The rule its row records (`split`), which a node that does not configure it follows.
+    pub(super) recorded: Option<Box<str>>,
+    pub(super) buffer: std::sync::OnceLock<Arc<TagBuffer>>,
+}
+
+impl TagEntry {
+    pub(super) fn new(recorded: Option<&str>) -> Arc<TagEntry> {
+        Arc::new(TagEntry {
+            recorded: recorded.map(Box::from),
+            buffer: std::sync::OnceLock::new(),
+        })
+    }
+
+    pub(super) fn built(buffer: Arc<TagBuffer>, recorded: Option<&str>) -> Arc<TagEntry> {
+        Arc::new(TagEntry {
+            recorded: recorded.map(Box::from),
+            buffer: std::sync::OnceLock::from(buffer),
+        })
+    }
+
+    /// The buffers, once a request built them.
+    #[inline]
+    pub(super) fn loaded(&self) -> Option<&Arc<TagBuffer>> {
+        self.buffer.get()
+    }
+
+    /// The buffers, built now if this is the tag's first request.
+    pub(super) fn buffer(&self, name: &str, settings: &SegmentSettings) -> &Arc<TagBuffer> {
+        self.buffer
+            .get_or_init(|| Arc::new(TagBuffer::new(name, settings, self.recorded.as_deref())))
+    }
+
+    /// Whether this entry still serves the row's record `recorded`.
+    pub(super) fn serves_record(&self, recorded: Option<&str>) -> bool {
+        match self.loaded() {
+            Some(buffer) => buffer.serves_record(recorded),
+            None => self.recorded.as_deref() == recorded,
+        }
+    }
+}
