@@ -5,7 +5,9 @@ mod batch;
 pub(crate) mod committed;
 mod common;
 mod deferred;
+mod error;
 pub(crate) mod failover;
+mod grant;
 mod locked;
 mod marks;
 mod memory;
@@ -27,7 +29,11 @@ use crate::config::StorageConfig;
 
 pub use batch::AllocationBatcher;
 pub use deferred::DeferredStore;
+pub(crate) use error::refused_rule;
+pub use error::StoreError;
+use error::{insert_error, not_allocated};
 pub use failover::FailoverSkip;
+pub use grant::{rule_admits, same_rule, Grant, LeafAlloc, NewTag, Window, PERIOD_RECORD};
 pub use marks::SegmentMarks;
 pub use memory::MemoryStore;
 pub use migrate::statements as migration_statements;
@@ -49,253 +55,6 @@ const GUARD_TAGS: &str = "UPDATE leafd_guard SET counter = counter + 1 WHERE nam
 /// Puts the guard row back if an operator deleted it (a race here is a unique clash: retried).
 const RESTORE_GUARD: &str = "INSERT INTO leafd_guard (name, counter) VALUES ('tags', 0)";
 const COUNT_TAGS: &str = "SELECT COUNT(*) FROM leaf_alloc";
-
-/// A tag to insert into `leaf_alloc`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewTag {
-    pub tag: String,
-    pub step: i64,
-    /// The tag's first ID: its `max_id` and `exclusive_max`, as Leaf and leafd both read them.
-    pub start: i64,
-    pub description: Option<String>,
-    /// The residue class the creating node hands out (`<delta>:<remainder>`), `None` for the
-    /// whole space.
-    pub split: Option<String>,
-    /// The insert is refused when the table already holds this many tags (counted under the
-    /// database-wide guard, so nodes creating at once stop at exactly the limit).
-    pub max_tags: usize,
-}
-
-/// How a period tag's rule begins in its row's `split` column (`period:daily:6…`).
-pub const PERIOD_RECORD: &str = "period:";
-
-/// Whether the rule a row records (`period:daily:6`, or with the time zone and prefix after
-/// it) is the period rule `marker` names: the calendar and digits decide which ID a position is.
-pub fn same_rule(recorded: &str, marker: &str) -> bool {
-    recorded
-        .strip_prefix(marker)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'))
-}
-
-/// Whether a row recording `recorded` (its `split` column) may be moved by an allocation or a
-/// raise under the period rule `marker` (`None`: the caller applies none). A row that records a
-/// period is moved only under that period's rule: under any other, its positions would be read
-/// as other IDs, and a move would put later dates in every node's IDs.
-pub fn rule_admits(recorded: Option<&str>, marker: Option<&str>) -> bool {
-    match recorded {
-        Some(r) if r.starts_with(PERIOD_RECORD) => marker.is_some_and(|m| same_rule(r, m)),
-        _ => true,
-    }
-}
-
-/// What one allocation asks of a row.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Grant {
-    /// IDs to grant; `None`: the row's own step.
-    pub step: Option<i64>,
-    /// IDs skipped first when the row was last allocated by another database instance.
-    pub failover_margin: i64,
-    /// The window the granted range must stay inside (a period tag's numbers); `None`: the
-    /// whole ID space.
-    pub window: Option<Window>,
-    /// The period rule the caller applies (`period:daily:6`), checked against the row's record
-    /// before anything moves ([`rule_admits`]).
-    pub period_rule: Option<Arc<str>>,
-}
-
-impl Grant {
-    /// The row's own step, over the whole ID space, under no period rule.
-    pub fn step(step: Option<i64>, failover_margin: i64) -> Grant {
-        Grant {
-            step,
-            failover_margin,
-            window: None,
-            period_rule: None,
-        }
-    }
-}
-
-/// Positions come in windows of `span`, of which only the first `usable` may be granted (a
-/// period tag: one window per period, its sequence numbers first, then a gap that is never
-/// handed out). A grant never crosses the end of the usable part of the window its first
-/// position lies in: it is refused whole ([`StoreError::PastEnd`]) and the row left as it was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    pub span: i64,
-    pub usable: i64,
-}
-
-impl Window {
-    /// The first position past the usable part of the window `position` lies in.
-    pub fn end_of(&self, position: i64) -> i64 {
-        position - position.rem_euclid(self.span) + self.usable
-    }
-}
-
-/// One row of `leaf_alloc`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeafAlloc {
-    pub tag: String,
-    /// The table's `max_id`: as Leaf reads it, the next ID no allocation has granted yet (the
-    /// end, exclusive, of the newest segment).
-    pub max_id: i64,
-    /// The first ID an allocation grants: it owns `first..max_id`. A listed row has no range
-    /// (`first == max_id`).
-    pub first: i64,
-    /// The step stored in the table (the minimum of the adaptive step).
-    pub step: i64,
-    pub description: Option<String>,
-    /// Set by an allocation that found the row last written by another database instance
-    /// (a failover or restore): the IDs it left unused before the granted range.
-    pub failover: Option<FailoverSkip>,
-    /// The opaque-ID key the tag serves under (`d<digits>:<fingerprint>`), once one was claimed.
-    pub opaque: Option<String>,
-    /// The residue class the tag's cluster hands out (`<delta>:<remainder>`), as the row
-    /// recorded it when it was read (for an allocation: in the same transaction).
-    pub split: Option<String>,
-    /// The row's `update_time` as the database prints it (listed rows only; Leaf's `/db`).
-    pub update_time: Option<String>,
-}
-
-/// Errors of a storage call.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("unknown tag '{0}'")]
-    UnknownTag(String),
-    #[error("tag '{0}' already exists")]
-    TagExists(String),
-    /// The table holds `count` tags, at or past `segment.max_tags`.
-    #[error("tag limit reached: the table has {count} tags (segment.max_tags = {limit})")]
-    TagLimit { count: i64, limit: usize },
-    /// The allocation would pass 2^63 − 1; the row was left as it was.
-    #[error("tag '{0}' has exhausted its ID space")]
-    Exhausted(String),
-    /// The grant would cross the end of its [`Window`]; the row was left as it was. `max_id`
-    /// is the row's, `left` the positions the window still had for a grant.
-    #[error("tag '{tag}': only {left} IDs are left before the end of the window at {max_id}")]
-    PastEnd { tag: String, max_id: i64, left: i64 },
-    /// The row records a period rule the caller does not apply ([`rule_admits`]); the row was
-    /// left as it was.
-    #[error("{}", rule_refusal(.tag, .recorded, .mine.as_deref()))]
-    RuleMismatch {
-        tag: String,
-        recorded: String,
-        mine: Option<String>,
-    },
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    /// A write (its statements or its commit) failed: nothing of it took effect, and nothing a
-    /// statement returned before the failure may be used.
-    #[error("database write failed: {0}")]
-    WriteFailed(sqlx::Error),
-    #[error("database migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("unsupported storage url '{0}': expected sqlite://, mysql:// or postgres://")]
-    UnsupportedUrl(String),
-    #[error("storage unavailable: {0}")]
-    Unavailable(String),
-    /// A file or directory the store needs cannot be made or opened (a permission, a read-only
-    /// file system): the message names the path and the cause. It does not pass by itself.
-    #[error("{0}")]
-    FileAccess(String),
-    /// The lease store went back (a wiped or restored etcd): a holder stops issuing at once
-    /// and claims its id again, as a claimant after such a loss.
-    #[error("{0}")]
-    WentBack(String),
-    /// The node's segment marks exist but none can be read: the message says what to do.
-    #[error("{0}")]
-    MarksUnreadable(String),
-}
-
-/// The refusal of a node whose period rule is not the one the row records.
-fn rule_refusal(tag: &str, recorded: &str, mine: Option<&str>) -> String {
-    match mine {
-        None => format!(
-            "IDs refused: tag '{tag}' hands out period IDs ({recorded}) and this node has no period configured for it; its positions are not IDs"
-        ),
-        Some(mine) => format!(
-            "IDs refused: tag '{tag}' records the period rule {recorded} and this node's is {mine}; a node with another rule would repeat or misorder IDs; configure the tag as its row records it, or use a new tag"
-        ),
-    }
-}
-
-impl StoreError {
-    /// True for failures that may pass by themselves (the server is down, restarting or out of
-    /// reach), false for ones that need an operator (bad URL, wrong password, failed migration).
-    pub fn is_transient(&self) -> bool {
-        match self {
-            StoreError::Unavailable(_) => true,
-            StoreError::Database(err) | StoreError::WriteFailed(err) => match err {
-                sqlx::Error::Io(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::Protocol(_) => true,
-                sqlx::Error::Database(db) => taking_over(db.as_ref()),
-                _ => false,
-            },
-            _ => false,
-        }
-    }
-
-    /// True for a clash with a concurrent transaction that a retry resolves: a deadlock or
-    /// serialization failure (SQLSTATE 40001, 40P01; MySQL 1213; TiDB's optimistic write
-    /// conflict 9007) or a unique-key race.
-    pub fn is_conflict(&self) -> bool {
-        match self {
-            StoreError::Database(sqlx::Error::Database(db))
-            | StoreError::WriteFailed(sqlx::Error::Database(db)) => {
-                db.is_unique_violation()
-                    || db
-                        .code()
-                        .is_some_and(|c| matches!(c.as_ref(), "40001" | "40P01"))
-                    || db
-                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                        .is_some_and(|m| matches!(m.number(), 1213 | 9007))
-            }
-            _ => false,
-        }
-    }
-
-    /// The error of a failed write transaction: a database error becomes
-    /// [`StoreError::WriteFailed`]; typed outcomes (unknown tag, exhausted, …) stay as they are.
-    fn into_write_failure(self) -> StoreError {
-        match self {
-            StoreError::Database(err) => StoreError::WriteFailed(err),
-            other => other,
-        }
-    }
-}
-
-/// True for the errors a database gives while it starts, stops or fails over, and for the
-/// conflicts a retry resolves: SQLSTATE 08 (connection exception), 57 (operator intervention:
-/// starting up, shutting down), 25006 (read-only transaction: a standby or a demoted primary),
-/// 55000 (PostgreSQL's "recovery is in progress"), 55P03 (lock_timeout: a paused node holds the
-/// row lock until the database aborts its idle transaction; see `session`), 40001 and 40P01 (serialization failure,
-/// deadlock; Galera's certification failure); MySQL/MariaDB's 1205 (lock wait timeout), 1290
-/// (`--read-only`), 1047 (WSREP has not yet prepared the node), 1180 (Galera: a streaming
-/// replication fragment could not be appended, seen during a state transfer) and 1792
-/// (read-only transaction); TiDB's 8022 (a KV error safe to retry), 8028 (the schema changed
-/// under the transaction) and 9007 (optimistic write conflict at COMMIT).
-fn taking_over(db: &dyn sqlx::error::DatabaseError) -> bool {
-    if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        if matches!(
-            mysql.number(),
-            1047 | 1180 | 1205 | 1213 | 1290 | 1792 | 8022 | 8028 | 9007
-        ) {
-            return true;
-        }
-    }
-    db.code().is_some_and(|code| {
-        code.starts_with("08")
-            || code.starts_with("57")
-            || matches!(
-                code.as_ref(),
-                "25006" | "55000" | "55P03" | "40001" | "40P01"
-            )
-    })
-}
 
 /// The short backend name a storage URL selects, or `None` for an unsupported scheme.
 pub fn backend_of(url: &str) -> Option<&'static str> {
@@ -477,59 +236,5 @@ pub async fn open(
         }
         Some("postgres") => Ok(Arc::new(PostgresStore::open(config, migrate).await?)),
         _ => Err(StoreError::UnsupportedUrl(config.redacted_url())),
-    }
-}
-
-/// Maps a failed INSERT of a tag: a primary-key clash means the tag exists.
-fn insert_error(err: sqlx::Error, tag: &str) -> StoreError {
-    match &err {
-        sqlx::Error::Database(db) if db.is_unique_violation() => {
-            StoreError::TagExists(tag.to_string())
-        }
-        _ => StoreError::Database(err),
-    }
-}
-
-/// A row's `max_id`, `exclusive_max`, `step` and `split`, as read after a guarded UPDATE.
-type AllocRow = (i64, Option<i64>, i64, Option<String>);
-
-/// The refusal when a row recording `recorded` may not be moved under the period rule
-/// `marker` ([`rule_admits`]).
-pub(crate) fn refused_rule(
-    tag: &str,
-    recorded: Option<&str>,
-    marker: Option<&str>,
-) -> Option<StoreError> {
-    (!rule_admits(recorded, marker)).then(|| StoreError::RuleMismatch {
-        tag: tag.to_string(),
-        recorded: recorded.unwrap_or_default().to_string(),
-        mine: marker.map(str::to_string),
-    })
-}
-
-/// Why a guarded UPDATE changed no row, from the row read after it (`max_id`, `exclusive_max`,
-/// `step`): the tag is missing, the grant would cross its window's end, or it is at the end of
-/// its space.
-fn not_allocated(row: Option<AllocRow>, tag: &str, grant: &Grant) -> StoreError {
-    let Some((max_id, exclusive_max, step, split)) = row else {
-        return StoreError::UnknownTag(tag.to_string());
-    };
-    if let Some(refused) = refused_rule(tag, split.as_deref(), grant.period_rule.as_deref()) {
-        return refused;
-    }
-    let base = max_id.saturating_add(i64::from(exclusive_max != Some(max_id)));
-    match grant.window {
-        Some(window)
-            if base
-                .checked_add(grant.step.unwrap_or(step))
-                .is_none_or(|end| end > window.end_of(base)) =>
-        {
-            StoreError::PastEnd {
-                tag: tag.to_string(),
-                max_id,
-                left: (window.end_of(base) - base).max(0),
-            }
-        }
-        _ => StoreError::Exhausted(tag.to_string()),
     }
 }
