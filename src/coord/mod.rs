@@ -8,6 +8,7 @@ pub mod fence;
 pub mod fence_file;
 pub mod identity;
 mod limit;
+mod renewal;
 pub mod static_id;
 pub mod zookeeper;
 
