@@ -376,7 +376,15 @@ async fn execute_on(url: &str, sql: &str) {
 /// while a node holds worker id 0 and issues: that node stops issuing at its next renewal,
 /// claims its id again and issues again a lease later by itself; a node starting meanwhile
 /// waits a whole lease before its first ID. No ID is issued twice.
-async fn a_wiped_lease_table(url: &str) {
+/// The wipes tried, each on a new database: the whole table, the lease rows only (rows −1 to
+/// −3 kept), the holder's row only.
+const WIPES: [&str; 3] = [
+    "DELETE FROM leaf_worker",
+    "DELETE FROM leaf_worker WHERE worker_id >= 0",
+    "DELETE FROM leaf_worker WHERE worker_id = 0",
+];
+
+async fn lease_rows_lost(url: &str, wipe: &str) {
     let lease_ms = 3000;
     let states: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let holder = App::open(node_config(url, &states[0], lease_ms))
@@ -384,7 +392,8 @@ async fn a_wiped_lease_table(url: &str) {
         .expect("starts");
     let issuer = holder.snowflake().unwrap();
     let mut ids: Vec<i64> = issuer.next_ids(1000).await.unwrap();
-    execute_on(url, "DELETE FROM leaf_worker").await;
+    assert_eq!(issuer.worker_id(), 0, "{wipe}");
+    execute_on(url, wipe).await;
     let wiped = std::time::Instant::now();
     // Issues until its next renewal (a fifth of the lease) finds its row gone, then stops (a
     // request then waits for the lease a while before its error).
@@ -412,7 +421,7 @@ async fn a_wiped_lease_table(url: &str) {
     ids.extend(newcomer.snowflake().unwrap().next_ids(1000).await.unwrap());
     assert!(
         started.elapsed() >= Duration::from_millis(lease_ms - 700),
-        "a claimant after the wipe waits a lease ({:?})",
+        "{wipe}: a claimant after it waits a lease ({:?})",
         started.elapsed()
     );
     assert_ne!(
@@ -442,30 +451,36 @@ async fn a_wiped_lease_table(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_wiped_lease_table() {
-    let dir = tempfile::tempdir().unwrap();
-    a_wiped_lease_table(&format!("sqlite://{}/leafd.db", dir.path().display())).await;
+    for wipe in WIPES {
+        let dir = tempfile::tempdir().unwrap();
+        lease_rows_lost(&format!("sqlite://{}/leafd.db", dir.path().display()), wipe).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_wiped_lease_table() {
-    let Some(url) = Backend::MySql
-        .fresh_database("mysql_a_wiped_lease_table")
-        .await
-    else {
-        return;
-    };
-    a_wiped_lease_table(&url).await;
+    for wipe in WIPES {
+        let Some(url) = Backend::MySql
+            .fresh_database("mysql_a_wiped_lease_table")
+            .await
+        else {
+            return;
+        };
+        lease_rows_lost(&url, wipe).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_wiped_lease_table() {
-    let Some(url) = Backend::Postgres
-        .fresh_database("postgres_a_wiped_lease_table")
-        .await
-    else {
-        return;
-    };
-    a_wiped_lease_table(&url).await;
+    for wipe in WIPES {
+        let Some(url) = Backend::Postgres
+            .fresh_database("postgres_a_wiped_lease_table")
+            .await
+        else {
+            return;
+        };
+        lease_rows_lost(&url, wipe).await;
+    }
 }
 
 /// Two processes sharing one state directory (one working directory, one config) hold two

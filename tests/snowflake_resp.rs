@@ -346,10 +346,20 @@ async fn a_static_worker_id_is_held_by_one_process_per_fence_file() {
         .expect("a second holder of worker id 5 is refused")
         .to_string();
     assert!(
-        refused.contains("worker id 5 is in use by another process with the same fence file")
-            && refused.contains("snowflake-fence-w5.json.lock"),
+        refused.contains(
+            "worker id 5 is in use by another process with the same fence file or state directory"
+        ) && refused.contains("snowflake-fence-w5.json.lock"),
         "{refused}"
     );
+    // The same state directory with another fence file is refused too.
+    let mut elsewhere = config.clone();
+    elsewhere.snowflake.fence_file = dir.path().join("other-fence.json").display().to_string();
+    let refused = leafd::app::App::open(elsewhere)
+        .await
+        .err()
+        .expect("the same id on the same state directory is refused")
+        .to_string();
+    assert!(refused.contains("snowflake-w5.lock"), "{refused}");
     first.close().await;
     let second = leafd::app::App::open(config).await.unwrap();
     second.snowflake().unwrap().next_ids(1).await.unwrap();

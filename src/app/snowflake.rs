@@ -49,13 +49,17 @@ pub(super) async fn start_snowflake(
     let coordinator: Box<dyn Coordinator> = match sf.coordinator {
         CoordinatorKind::Static => {
             let fence = FenceFile::new(sf.fence_path(&config.storage)).for_worker(sf.worker_id);
+            let mut beside_fence = fence.path().as_os_str().to_owned();
+            beside_fence.push(".lock");
+            let in_state_dir = config
+                .storage
+                .state_dir()
+                .join(format!("snowflake-w{}.lock", sf.worker_id));
+            let mut lock_paths = vec![std::path::PathBuf::from(beside_fence), in_state_dir];
+            lock_paths.dedup();
             Box::new(StaticCoordinator {
                 worker_id: sf.worker_id,
-                lock_path: {
-                    let mut path = fence.path().as_os_str().to_owned();
-                    path.push(".lock");
-                    path.into()
-                },
+                lock_paths,
             })
         }
         CoordinatorKind::Zookeeper => {

@@ -253,6 +253,14 @@ impl Coordinator for DatabaseCoordinator {
                 self.table()
             )));
         };
+        // Checked again now that the id is claimed: the table may have lost its rows between
+        // the first check and the claim, and a claim of a deleted row marks row −1 as changed.
+        let after_failover = after_failover
+            || self
+                .store
+                .instance_changed_within(lease)
+                .await
+                .map_err(db)?;
         let floor_ms = if after_failover {
             let floor = floor_ms.max(self.clock.now_millis() + self.lease_ms);
             tracing::warn!(

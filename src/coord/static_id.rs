@@ -11,14 +11,15 @@ use crate::coord::IssueLimit;
 
 pub struct StaticCoordinator {
     pub worker_id: u64,
-    /// Held (an exclusive file lock) while this process issues with the id: a second process
-    /// given the same id and the same fence file (one config started twice, two nodes on one
-    /// state directory) is refused instead of issuing the same IDs.
-    pub lock_path: PathBuf,
+    /// Each held (an exclusive file lock) while this process issues with the id: the one
+    /// beside the fence file and the one in the state directory, so a second process given
+    /// the same id and either the same fence file or the same state directory (one config
+    /// started twice, two nodes on one directory) is refused instead of issuing the same IDs.
+    pub lock_paths: Vec<PathBuf>,
 }
 
-/// The id and the open lock file; the lock ends with the process or the worker.
-struct StaticWorker(u64, #[allow(dead_code)] std::fs::File);
+/// The id and the open lock files; the locks end with the process or the worker.
+struct StaticWorker(u64, #[allow(dead_code)] Vec<std::fs::File>);
 
 #[async_trait]
 impl HeldWorker for StaticWorker {
@@ -38,28 +39,27 @@ impl HeldWorker for StaticWorker {
 }
 
 impl StaticCoordinator {
-    fn lock(&self) -> Result<std::fs::File, CoordError> {
-        let failed =
-            |e: std::io::Error| CoordError::Fence(format!("{}: {e}", self.lock_path.display()));
-        if let Some(dir) = self
-            .lock_path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-        {
+    fn lock_all(&self) -> Result<Vec<std::fs::File>, CoordError> {
+        self.lock_paths.iter().map(|path| self.lock(path)).collect()
+    }
+
+    fn lock(&self, path: &std::path::Path) -> Result<std::fs::File, CoordError> {
+        let failed = |e: std::io::Error| CoordError::Fence(format!("{}: {e}", path.display()));
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(failed)?;
         }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(&self.lock_path)
+            .open(path)
             .map_err(failed)?;
         match file.try_lock() {
             Ok(()) => Ok(file),
             Err(std::fs::TryLockError::WouldBlock) => Err(CoordError::NoFreeWorkerId(format!(
-                "worker id {} is in use by another process with the same fence file ({} is locked): give each node its own snowflake.worker_id and state directory",
+                "worker id {} is in use by another process with the same fence file or state directory ({} is locked): give each node its own snowflake.worker_id and state directory",
                 self.worker_id,
-                self.lock_path.display()
+                path.display()
             ))),
             Err(std::fs::TryLockError::Error(e)) => Err(failed(e)),
         }
@@ -73,7 +73,7 @@ impl Coordinator for StaticCoordinator {
     }
 
     async fn acquire(&self, _limit: Arc<IssueLimit>) -> Result<Box<dyn HeldWorker>, CoordError> {
-        Ok(Box::new(StaticWorker(self.worker_id, self.lock()?)))
+        Ok(Box::new(StaticWorker(self.worker_id, self.lock_all()?)))
     }
 }
 
@@ -86,7 +86,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let coordinator = StaticCoordinator {
             worker_id: 3,
-            lock_path: dir.path().join("snowflake-fence-w3.json.lock"),
+            lock_paths: vec![
+                dir.path().join("snowflake-fence-w3.json.lock"),
+                dir.path().join("snowflake-w3.lock"),
+            ],
         };
         let limit = Arc::new(IssueLimit::new());
         let first = coordinator.acquire(limit.clone()).await.unwrap();
@@ -94,7 +97,7 @@ mod tests {
         assert_eq!(
             refused.to_string(),
             format!(
-                "no free worker id: worker id 3 is in use by another process with the same fence file ({} is locked): give each node its own snowflake.worker_id and state directory",
+                "no free worker id: worker id 3 is in use by another process with the same fence file or state directory ({} is locked): give each node its own snowflake.worker_id and state directory",
                 dir.path().join("snowflake-fence-w3.json.lock").display()
             )
         );

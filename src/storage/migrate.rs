@@ -341,7 +341,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(count, 10, "statements in migrations/mysql");
+        assert_eq!(count, 11, "statements in migrations/mysql");
     }
 
     #[test]

@@ -39,6 +39,9 @@ macro_rules! worker_lease_store {
                 );
                 // Nodes starting at once race for the first record (a unique clash, or on
                 // MySQL a deadlock of their gap locks): the loser reads the winner's.
+                // With row −1 the table lost row −3 too: the ids given rows from now on are
+                // recorded from the ones it still has.
+                let ids = "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) SELECT -3, 'ids', 0, COALESCE(MAX(worker_id), -1) FROM leaf_worker WHERE worker_id >= 0 AND NOT EXISTS (SELECT 1 FROM leaf_worker WHERE worker_id = -3)";
                 let (read, insert, adopt, switch) = (&read, &insert, &adopt, &switch);
                 $crate::storage::committed::retry_conflicts(|| {
                     $crate::storage::committed::committed(&self.pool, |mut tx| async move {
@@ -52,12 +55,14 @@ macro_rules! worker_lease_store {
                             // wait a whole lease from now.
                             None => {
                                 sqlx::query(insert).bind(&current).execute(&mut *tx).await?;
+                                sqlx::query(ids).execute(&mut *tx).await?;
                                 true
                             }
-                            // The first claim on a database the migrations created.
-                            Some((seen, _, _)) if seen == "new" => {
+                            // The first claim on a database the migrations created (unless
+                            // a deleted row was claimed since: then it is marked as seen now).
+                            Some((seen, since, now)) if seen == "new" => {
                                 sqlx::query(adopt).bind(&current).execute(&mut *tx).await?;
-                                false
+                                now - since < window_ms
                             }
                             Some((seen, since, now)) if *seen == current => now - since < window_ms,
                             Some(_) => {
@@ -85,9 +90,20 @@ macro_rules! worker_lease_store {
                     "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES ({}, {}, {} + {}, 0)",
                     $p(1), $p(2), $now, $p(3)
                 );
-                let insert = &insert;
+                let raise = format!(
+                    "UPDATE leaf_worker SET fence_ms = {} WHERE worker_id = -3 AND fence_ms < {}",
+                    $p(1), $p(2)
+                );
+                let settle = format!(
+                    "UPDATE leaf_worker SET lease_until = {} WHERE worker_id = -1",
+                    $now
+                );
+                let (insert, raise, settle) = (&insert, &raise, &settle);
                 // Retried on a deadlock (nodes starting at once); a unique clash means the row
-                // exists: then it is taken only if expired.
+                // exists: then it is taken only if expired. Row −3 holds the highest id ever
+                // given a row: a row inserted for an id at or below it was deleted, and its
+                // holder may still issue, so row −1 is marked as changed now, which makes this
+                // claimant (its check after the claim) and any other within a lease wait one.
                 let inserted = $crate::storage::committed::retry_conflicts(|| async move {
                     let inserted = $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                         sqlx::query(insert)
@@ -96,18 +112,41 @@ macro_rules! worker_lease_store {
                             .bind(lease_ms)
                             .execute(&mut *tx)
                             .await?;
-                        Ok((tx, ()))
+                        let highest: Vec<(i64,)> =
+                            sqlx::query_as("SELECT fence_ms FROM leaf_worker WHERE worker_id = -3")
+                                .fetch_all(&mut *tx)
+                                .await?;
+                        let deleted = highest.first().is_none_or(|(id,)| *id >= worker_id);
+                        if deleted {
+                            sqlx::query(settle).execute(&mut *tx).await?;
+                        } else {
+                            sqlx::query(raise)
+                                .bind(worker_id)
+                                .bind(worker_id)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        Ok((tx, highest.is_empty()))
                     })
                     .await;
                     match inserted {
-                        Ok(()) => Ok(true),
+                        Ok(missing) => Ok(Some(missing)),
                         Err($crate::storage::StoreError::WriteFailed(e))
-                            if $crate::storage::unique_violation(&e) => Ok(false),
+                            if $crate::storage::unique_violation(&e) => Ok(None),
                         Err(e) => Err(e),
                     }
                 })
                 .await?;
-                if inserted {
+                if let Some(missing) = inserted {
+                    if missing {
+                        // Row −3 itself was deleted: recorded again from the rows there are
+                        // (a node racing here clashes, which is as good).
+                        let record = "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) SELECT -3, 'ids', 0, MAX(worker_id) FROM leaf_worker WHERE worker_id >= 0";
+                        match sqlx::query(record).execute(&self.pool).await {
+                            Err(e) if !$crate::storage::unique_violation(&e) => return Err(e.into()),
+                            _ => {}
+                        }
+                    }
                     return Ok(Some(0));
                 }
                 // Taken only when expired in the database's time; one statement, so exactly
