@@ -18,10 +18,11 @@ refused, which is right); ZooKeeper's a and b may take theirs back at once, as e
 alone; any other claimant waits a whole lease.
 
 With `database` (the database coordinator, on the MariaDB server LEAFD_TEST_MYSQL_URL names)
-the wipe is `DELETE FROM leaf_worker` in the nodes' shared database; --partition puts a and b
-behind the frozen proxy to it.
+the wipe is `DELETE FROM leaf_worker` in the nodes' shared database (with --partial, of the lease
+rows only: the records in rows -1 to -3 kept); --partition puts a and b behind the frozen proxy
+to it.
 
-    python3 tests/reliability/store_wipe.py LEAFD_BIN zookeeper|etcd|database [--runs N] [--partition|--restore|--restart]
+    python3 tests/reliability/store_wipe.py LEAFD_BIN zookeeper|etcd|database [--runs N] [--partition|--restore|--restart|--partial]
 """
 import argparse
 import os
@@ -112,7 +113,8 @@ class LeaseTable:
     server LEAFD_TEST_MYSQL_URL names; a wipe deletes its rows (DELETE, as a wipe of the table
     or a restore of an empty one leaves it) while the server and the nodes run."""
 
-    def __init__(self, run):
+    def __init__(self, run, partial=False):
+        self.partial = partial
         server = os.environ.get("LEAFD_TEST_MYSQL_URL")
         if not server:
             sys.exit("store_wipe.py database needs LEAFD_TEST_MYSQL_URL (mysql://user@host:port)")
@@ -133,7 +135,7 @@ class LeaseTable:
                        timeout=60)
 
     def wipe(self):
-        self._sql("DELETE FROM leaf_worker")
+        self._sql("DELETE FROM leaf_worker" + (" WHERE worker_id >= 0" if self.partial else ""))
 
     def stop(self):
         self._sql(f"DROP DATABASE IF EXISTS {self.name}", database=None)
@@ -163,10 +165,11 @@ def loader(node):
                         threading.Event(), timeout=30, pause_after_error=0.05)
 
 
-def one_run(binary, kind, partition, run, restore=False, restart=False):
+def one_run(binary, kind, partition, run, restore=False, restart=False, partial=False):
     started = time.monotonic()
     work = tempfile.mkdtemp(prefix=f"leafd-wipe-{kind}-")
-    store = LeaseTable(run) if kind == "database" else Store(kind, os.path.join(work, "store"))
+    store = (LeaseTable(run, partial) if kind == "database"
+             else Store(kind, os.path.join(work, "store")))
     cluster = f"wipe-{os.getpid()}-{run}"
     proxy = None
     nodes, loaders, failures = [], [], []
@@ -284,9 +287,11 @@ def main():
     parser.add_argument("--partition", action="store_true")
     parser.add_argument("--restore", action="store_true")
     parser.add_argument("--restart", action="store_true")
+    parser.add_argument("--partial", action="store_true",
+                        help="database: delete the lease rows only (rows -1 to -3 kept)")
     args = parser.parse_args()
     ok = all([one_run(os.path.abspath(args.binary), args.kind, args.partition, run, args.restore,
-                      args.restart)
+                      args.restart, args.partial)
               for run in range(args.runs)])
     sys.exit(0 if ok else 1)
 
