@@ -259,6 +259,27 @@ mod tests {
         PathBuf::from(format!("{}.log", path.display()))
     }
 
+    /// A compaction keeps another process's mark that this one read before (by `others_mark`,
+    /// not in the write that compacts): the log it empties held it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_compaction_keeps_marks_read_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("marks.json");
+        let first = SegmentMarks::open(&path, false).unwrap();
+        let second = SegmentMarks::open(&path, false).unwrap();
+        first.record("a", 1).await.unwrap();
+        second.record("x", 9).await.unwrap();
+        assert_eq!(first.others_mark("x").await.unwrap(), Some(9));
+        first.record("a", 2).await.unwrap();
+        // A clean stop compacts.
+        first.close().await;
+        let (newest, _) = journal::read_newest(&path).unwrap();
+        assert!(newest.is_some(), "compacted");
+        let reopened = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(reopened.get("x"), Some(9));
+        assert_eq!(reopened.get("a"), Some(2));
+    }
+
     /// Two writers on one path (two processes sharing a state directory; the lock is per open
     /// file, so two handles in one process exclude each other alike), writing at once and
     /// compacting often: the marks on disk are the highest each tag reached anywhere.
