@@ -10,7 +10,8 @@
 
 use serde_json::{json, Value};
 
-use super::{absent, b64, int_field, put, EtcdLeases, Kv};
+use super::gateway::{absent, b64, int_field, put, unavailable, Kv};
+use super::EtcdLeases;
 use crate::storage::StoreError;
 
 impl EtcdLeases {
@@ -21,6 +22,7 @@ impl EtcdLeases {
             .map(|key| json!({ "request_range": { "key": b64(key) } }))
             .collect();
         let reply = self
+            .gateway
             .call("kv/txn", json!({ "compare": [], "success": success }))
             .await?;
         let responses = reply
@@ -56,11 +58,15 @@ impl EtcdLeases {
             return Ok(read[1].is_some());
         }
         let ttl = (window_ms / 1000).max(2) + 1;
-        let grant = self.call("lease/grant", json!({ "TTL": ttl })).await?;
-        let lease = int_field(&grant, "ID")
-            .ok_or_else(|| super::unavailable(format!("lease/grant: {grant}")))?;
+        let grant = self
+            .gateway
+            .call("lease/grant", json!({ "TTL": ttl }))
+            .await?;
+        let lease =
+            int_field(&grant, "ID").ok_or_else(|| unavailable(format!("lease/grant: {grant}")))?;
         let value = format!("{:016x}", fastrand::u64(..));
         let (written, _) = self
+            .gateway
             .txn(
                 vec![absent(&identity)],
                 vec![
