@@ -143,6 +143,20 @@ impl DatabaseCoordinator {
     /// (longest expired first).
     async fn candidates(&self) -> Result<Vec<u64>, CoordError> {
         let rows = self.store.workers().await.map_err(db)?;
+        // A lease with more left than this node's whole lease was taken with a longer one:
+        // after the table loses its rows this node would wait too little for that holder.
+        if let Some(longer) = rows
+            .iter()
+            .filter(|r| r.lease_until - r.db_now > self.lease_ms as i64)
+            .max_by_key(|r| r.lease_until - r.db_now)
+        {
+            tracing::warn!(
+                worker_id = longer.worker_id,
+                left_ms = longer.lease_until - longer.db_now,
+                lease_ms = self.lease_ms,
+                "another node holds a longer worker-id lease than this node's: every node must run the same lease length, or a claim after the lease table lost its rows may not wait long enough"
+            );
+        }
         let mut ids: Vec<u64> = self.previous().into_iter().collect();
         let used: std::collections::HashSet<i64> = rows.iter().map(|r| r.worker_id).collect();
         ids.extend((0..=self.max_worker_id).filter(|id| !used.contains(&(*id as i64))));
