@@ -71,16 +71,12 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Unavailable(_) => true,
-            StoreError::Database(err) | StoreError::WriteFailed(err) => match err {
-                sqlx::Error::Io(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::Protocol(_) => true,
-                sqlx::Error::Database(db) => taking_over(db.as_ref()),
-                _ => false,
-            },
+            StoreError::Database(err) | StoreError::WriteFailed(err) => transient(err),
+            // A migration cut by a lost connection: the next attempt completes it.
+            StoreError::Migrate(
+                sqlx::migrate::MigrateError::Execute(err)
+                | sqlx::migrate::MigrateError::ExecuteMigration(err, _),
+            ) => transient(err),
             _ => false,
         }
     }
@@ -111,6 +107,20 @@ impl StoreError {
             StoreError::Database(err) => StoreError::WriteFailed(err),
             other => other,
         }
+    }
+}
+
+/// A connection lost or not had, or a database error [`taking_over`] names.
+fn transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => taking_over(db.as_ref()),
+        _ => false,
     }
 }
 
@@ -194,5 +204,24 @@ pub(super) fn not_allocated(row: Option<AllocRow>, tag: &str, grant: &Grant) -> 
             }
         }
         _ => StoreError::Exhausted(tag.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::migrate::MigrateError;
+
+    #[test]
+    fn a_migration_cut_by_a_lost_connection_is_transient() {
+        let eof = || {
+            sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "expected to read 4 bytes, got 0 bytes at EOF",
+            ))
+        };
+        assert!(StoreError::Migrate(MigrateError::ExecuteMigration(eof(), 3)).is_transient());
+        assert!(StoreError::Migrate(MigrateError::Execute(eof())).is_transient());
+        assert!(!StoreError::Migrate(MigrateError::Dirty(3)).is_transient());
     }
 }

@@ -18,6 +18,52 @@ pub(super) fn compatible(mut migrator: Migrator) -> Migrator {
     migrator
 }
 
+/// Whether the database has no `leaf_worker` yet (asked before the migrations): a new one,
+/// whose lease table then starts with row −1 as `new` (no holder ever, so the first claim
+/// waits for none). A table that exists but lost row −1 is told apart: its claimants wait.
+pub(super) async fn lease_table_missing<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+) -> Result<bool, StoreError>
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    match sqlx::query("SELECT 1 FROM leaf_worker WHERE 1 = 0")
+        .execute(pool)
+        .await
+    {
+        Ok(_) => Ok(false),
+        Err(e) if missing_table(&e) => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes row −1 as `new` with `insert_ignore` (the dialect's INSERT that keeps an existing
+/// row: another node may have claimed already), after the migrations created the table.
+pub(super) async fn record_new_lease_table<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    insert_ignore: &str,
+) -> Result<(), StoreError>
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sqlx::query(insert_ignore).execute(pool).await?;
+    Ok(())
+}
+
+/// A table that does not exist: MySQL 1146, PostgreSQL 42P01, SQLite "no such table".
+fn missing_table(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            mysql_error_number(e) == Some(1146)
+                || db.code().as_deref() == Some("42P01")
+                || db.message().contains("no such table")
+        }
+        _ => false,
+    }
+}
+
 /// How long a starting node waits for another node's migration before giving up.
 const LOCK_WAIT_SECS: i64 = 60;
 
@@ -37,8 +83,12 @@ pub(super) async fn mysql(pool: &MySqlPool, migrator: Migrator) -> Result<(), St
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(LOCK_WAIT_SECS as u64);
     let lock = MigrationLock::take(pool, deadline).await?;
-    let mut conn = pool.acquire().await?;
-    let result = mysql_locked(&mut conn, migrator, deadline).await;
+    let result = match pool.acquire().await {
+        Ok(mut conn) => mysql_locked(&mut conn, migrator, deadline).await,
+        Err(e) => Err(e.into()),
+    };
+    // The migrations' connection is back in the pool first: with one connection
+    // (storage.max_connections = 1) the release needs it.
     lock.release().await;
     result
 }
@@ -341,7 +391,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(count, 11, "statements in migrations/mysql");
+        assert_eq!(count, 10, "statements in migrations/mysql");
     }
 
     #[test]

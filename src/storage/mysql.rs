@@ -39,7 +39,15 @@ impl MySqlStore {
         });
         let pool = connect_pool(pool, options).await?;
         if migrate {
+            let new = super::migrate::lease_table_missing(&pool).await?;
             super::migrate::mysql(&pool, sqlx::migrate!("./migrations/mysql")).await?;
+            if new {
+                super::migrate::record_new_lease_table(
+                    &pool,
+                    "INSERT IGNORE INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, 'new', 0, 0)",
+                )
+                .await?;
+            }
         }
         Ok(MySqlStore { pool, galera })
     }

@@ -25,11 +25,19 @@ impl PostgresStore {
             }
         };
         if migrate {
+            let new = super::migrate::lease_table_missing(&pool).await?;
             // sqlx holds pg_advisory_lock (which blocks) around the migrations: nodes
             // starting at once wait for each other.
             super::migrate::compatible(sqlx::migrate!("./migrations/postgres"))
                 .run(&pool)
                 .await?;
+            if new {
+                super::migrate::record_new_lease_table(
+                    &pool,
+                    "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, 'new', 0, 0) ON CONFLICT (worker_id) DO NOTHING",
+                )
+                .await?;
+            }
         }
         Ok(PostgresStore { pool })
     }

@@ -62,7 +62,15 @@ impl SqliteStore {
             }
         };
         if migrate {
+            let new = super::migrate::lease_table_missing(&pool).await?;
             super::migrate::sqlite(&pool, sqlx::migrate!("./migrations/sqlite")).await?;
+            if new {
+                super::migrate::record_new_lease_table(
+                    &pool,
+                    "INSERT OR IGNORE INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, 'new', 0, 0)",
+                )
+                .await?;
+            }
         }
         Ok(SqliteStore {
             pool,

@@ -41,7 +41,9 @@ macro_rules! worker_lease_store {
                 // MySQL a deadlock of their gap locks): the loser reads the winner's.
                 // With row −1 the table lost row −3 too: the ids given rows from now on are
                 // recorded from the ones it still has.
-                let ids = "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) SELECT -3, 'ids', 0, COALESCE(MAX(worker_id), -1) FROM leaf_worker WHERE worker_id >= 0 AND NOT EXISTS (SELECT 1 FROM leaf_worker WHERE worker_id = -3)";
+                // (The aggregate is a derived table: an aggregate alone gives its one row even
+                // when a WHERE beside it is false.)
+                let ids = "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) SELECT -3, 'ids', 0, highest FROM (SELECT COALESCE(MAX(worker_id), -1) AS highest FROM leaf_worker WHERE worker_id >= 0) AS ids WHERE NOT EXISTS (SELECT 1 FROM leaf_worker WHERE worker_id = -3)";
                 let (read, insert, adopt, switch) = (&read, &insert, &adopt, &switch);
                 $crate::storage::committed::retry_conflicts(|| {
                     $crate::storage::committed::committed(&self.pool, |mut tx| async move {
