@@ -94,7 +94,10 @@ impl LeaseRenewal {
                 match claim_again(store.as_ref(), worker_id, &owner, lease).await {
                     Ok(Some(fence)) => {
                         reclaim = false;
-                        resume_at_ms = (now + 2 * half_lease_ms).max(fence);
+                        // A whole lease from when the claim committed, not from when it was
+                        // sent: a claim held up (a stalled link, lock waits) for longer than a
+                        // lease would otherwise resume at once beside a holder of the lost state.
+                        resume_at_ms = (clock.now_millis() + 2 * half_lease_ms).max(fence);
                         tracing::warn!(worker_id, resume_at_ms, "worker id claimed again after the store went back; issuing resumes after a whole lease");
                     }
                     Ok(None) => {
