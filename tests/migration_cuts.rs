@@ -26,6 +26,36 @@ fn migrations_before(all: &Migrator, version: i64) -> Migrator {
     }
 }
 
+/// Leaves the MySQL database `url` as a start cut in `migration` leaves it: the migrations
+/// before it applied, its version row in progress (sqlx writes it first) and its first
+/// `applied` statements run (MySQL commits each DDL statement by itself).
+async fn cut_mysql_migration(
+    url: &str,
+    all: &Migrator,
+    migration: &sqlx::migrate::Migration,
+    applied: usize,
+) {
+    use sqlx::Connection;
+    let mut db = sqlx::MySqlConnection::connect(url).await.unwrap();
+    // (With no migration before, this creates sqlx's table only.)
+    migrations_before(all, migration.version)
+        .run_direct(&mut db)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (?, ?, FALSE, ?, -1)",
+    )
+    .bind(migration.version)
+    .bind(&*migration.description)
+    .bind(&*migration.checksum)
+    .execute(&mut db)
+    .await
+    .unwrap();
+    for statement in &leafd::storage::migration_statements(&migration.sql)[..applied] {
+        sqlx::query(statement).execute(&mut db).await.unwrap();
+    }
+}
+
 /// Three nodes start at once on `url`: each must, and the schema must end complete.
 async fn three_nodes_start(url: &str, cut: &str) {
     let states: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
@@ -88,36 +118,7 @@ async fn mysql_a_migration_cut_at_each_statement() {
                 .fresh_database("mysql_a_migration_cut_at_each_statement")
                 .await
                 .unwrap();
-            {
-                use sqlx::Connection;
-                let mut db = sqlx::MySqlConnection::connect(&url).await.unwrap();
-                migrations_before(&all, migration.version)
-                    .run_direct(&mut db)
-                    .await
-                    .unwrap();
-                if migration.version == 1 {
-                    // The table sqlx creates before the first migration.
-                    Migrator {
-                        migrations: Cow::Owned(Vec::new()),
-                        ..Migrator::DEFAULT
-                    }
-                    .run_direct(&mut db)
-                    .await
-                    .unwrap();
-                }
-                sqlx::query(
-                    "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (?, ?, FALSE, ?, -1)",
-                )
-                .bind(migration.version)
-                .bind(&*migration.description)
-                .bind(&*migration.checksum)
-                .execute(&mut db)
-                .await
-                .unwrap();
-                for statement in &statements[..applied] {
-                    sqlx::query(statement).execute(&mut db).await.unwrap();
-                }
-            }
+            cut_mysql_migration(&url, &all, migration, applied).await;
             three_nodes_start(&url, &cut).await;
             check_schema(Backend::MySql, &url, &cut, last).await;
             states += 1;
@@ -167,24 +168,10 @@ async fn mysql_a_lock_left_by_a_killed_migration_is_taken_over() {
     };
     let all = sqlx::migrate!("./migrations/mysql");
     let cut = all.iter().find(|m| m.version == 7).unwrap();
+    cut_mysql_migration(&url, &all, cut, 1).await;
     {
         use sqlx::Connection;
         let mut db = sqlx::MySqlConnection::connect(&url).await.unwrap();
-        migrations_before(&all, 7)
-            .run_direct(&mut db)
-            .await
-            .unwrap();
-        sqlx::query(
-            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (?, ?, FALSE, ?, -1)",
-        )
-        .bind(cut.version)
-        .bind(&*cut.description)
-        .bind(&*cut.checksum)
-        .execute(&mut db)
-        .await
-        .unwrap();
-        let first = leafd::storage::migration_statements(&cut.sql).remove(0);
-        sqlx::query(&first).execute(&mut db).await.unwrap();
         // The lock as the killed node left it: 3 s of its lease left.
         sqlx::query("CREATE TABLE leafd_migration_lock (id INT NOT NULL PRIMARY KEY, holder VARCHAR(64) NOT NULL, until_ms BIGINT NOT NULL)")
             .execute(&mut db)
