@@ -55,11 +55,9 @@ pub(super) async fn start_snowflake(
                 .storage
                 .state_dir()
                 .join(format!("snowflake-w{}.lock", sf.worker_id));
-            let mut lock_paths = vec![std::path::PathBuf::from(beside_fence), in_state_dir];
-            lock_paths.dedup();
             Box::new(StaticCoordinator {
                 worker_id: sf.worker_id,
-                lock_paths,
+                lock_paths: vec![std::path::PathBuf::from(beside_fence), in_state_dir],
             })
         }
         CoordinatorKind::Zookeeper => {

@@ -19,8 +19,9 @@ pub(super) fn compatible(mut migrator: Migrator) -> Migrator {
 }
 
 /// Whether the database has no `leaf_worker` yet (asked before the migrations): a new one,
-/// whose lease table then starts with row −1 as `new` (no holder ever, so the first claim
-/// waits for none). A table that exists but lost row −1 is told apart: its claimants wait.
+/// whose row −1 this start then records (no holder ever, so the first claim waits for none).
+/// A table that exists without row −1 (it lost its rows, or a start that created it was cut
+/// before recording it) makes its claimants wait a lease.
 pub(super) async fn lease_table_missing<DB: sqlx::Database>(
     pool: &sqlx::Pool<DB>,
 ) -> Result<bool, StoreError>
@@ -36,20 +37,6 @@ where
         Err(e) if missing_table(&e) => Ok(true),
         Err(e) => Err(e.into()),
     }
-}
-
-/// Writes row −1 as `new` with `insert_ignore` (the dialect's INSERT that keeps an existing
-/// row: another node may have claimed already), after the migrations created the table.
-pub(super) async fn record_new_lease_table<DB: sqlx::Database>(
-    pool: &sqlx::Pool<DB>,
-    insert_ignore: &str,
-) -> Result<(), StoreError>
-where
-    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
-    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-{
-    sqlx::query(insert_ignore).execute(pool).await?;
-    Ok(())
 }
 
 /// A table that does not exist: MySQL 1146, PostgreSQL 42P01, SQLite "no such table".
@@ -265,9 +252,12 @@ async fn complete_cut_migrations(
                 Ok(_) => {}
                 Err(e) if mysql_error_number(&e).is_some_and(already_applied) => {}
                 Err(e) => {
-                    return Err(StoreError::Unavailable(format!(
-                        "migration {version} was cut part-way and cannot be completed: `{statement}` failed: {e}"
-                    )))
+                    // Transient only when the connection failed: a statement that fails for
+                    // another reason fails every start the same way.
+                    tracing::error!(version, statement = %statement, error = %e, "a migration cut part-way cannot be completed");
+                    return Err(StoreError::Migrate(MigrateError::ExecuteMigration(
+                        e, version,
+                    )));
                 }
             }
         }

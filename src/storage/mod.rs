@@ -172,14 +172,15 @@ pub struct WorkerRow {
     pub db_now: i64,
 }
 
-/// Snowflake worker-id leases in `leaf_worker`; every method is one atomic statement (plus a
-/// read), and expiry is judged by the database's clock, never the node's.
+/// Snowflake worker-id leases in `leaf_worker`; each method's change commits at once (one
+/// transaction), and expiry is judged by the database's clock, never the node's.
 #[async_trait]
 pub trait WorkerLeaseStore: Send + Sync + 'static {
     /// True when the database instance answering differs from the one that answered the
-    /// previous call, or became the one within the last `window_ms` (database time): a failover
-    /// or restore may have lost lease renewals and claims, so a holder the table no longer
-    /// shows may still be issuing. Records the instance answering.
+    /// previous call, or became the one within the last `window_ms` (database time), or the
+    /// table lost its rows within it (row −1 missing, or a deleted row claimed again): a holder
+    /// the table no longer shows may still be issuing. Records the instance answering (and
+    /// row −3 again when the table lost it).
     async fn instance_changed_within(&self, window_ms: i64) -> Result<bool, StoreError> {
         let _ = window_ms;
         Ok(false)

@@ -38,18 +38,16 @@ impl MySqlStore {
             })
         });
         let pool = connect_pool(pool, options).await?;
+        let mut created = false;
         if migrate {
-            let new = super::migrate::lease_table_missing(&pool).await?;
+            created = super::migrate::lease_table_missing(&pool).await?;
             super::migrate::mysql(&pool, sqlx::migrate!("./migrations/mysql")).await?;
-            if new {
-                super::migrate::record_new_lease_table(
-                    &pool,
-                    "INSERT IGNORE INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, 'new', 0, 0)",
-                )
-                .await?;
-            }
         }
-        Ok(MySqlStore { pool, galera })
+        let store = MySqlStore { pool, galera };
+        if created {
+            store.record_new_lease_table().await?;
+        }
+        Ok(store)
     }
 }
 

@@ -24,22 +24,20 @@ impl PostgresStore {
                 connect_pool(pool_options(config), options).await?
             }
         };
+        let mut created = false;
         if migrate {
-            let new = super::migrate::lease_table_missing(&pool).await?;
+            created = super::migrate::lease_table_missing(&pool).await?;
             // sqlx holds pg_advisory_lock (which blocks) around the migrations: nodes
             // starting at once wait for each other.
             super::migrate::compatible(sqlx::migrate!("./migrations/postgres"))
                 .run(&pool)
                 .await?;
-            if new {
-                super::migrate::record_new_lease_table(
-                    &pool,
-                    "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, 'new', 0, 0) ON CONFLICT (worker_id) DO NOTHING",
-                )
-                .await?;
-            }
         }
-        Ok(PostgresStore { pool })
+        let store = PostgresStore { pool };
+        if created {
+            store.record_new_lease_table().await?;
+        }
+        Ok(store)
     }
 }
 

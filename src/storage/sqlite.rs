@@ -61,21 +61,19 @@ impl SqliteStore {
                 Ok(pool) => break pool,
             }
         };
+        let mut created = false;
         if migrate {
-            let new = super::migrate::lease_table_missing(&pool).await?;
+            created = super::migrate::lease_table_missing(&pool).await?;
             super::migrate::sqlite(&pool, sqlx::migrate!("./migrations/sqlite")).await?;
-            if new {
-                super::migrate::record_new_lease_table(
-                    &pool,
-                    "INSERT OR IGNORE INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, 'new', 0, 0)",
-                )
-                .await?;
-            }
         }
-        Ok(SqliteStore {
+        let store = SqliteStore {
             pool,
             writes: tokio::sync::Mutex::new(()),
-        })
+        };
+        if created {
+            store.record_new_lease_table().await?;
+        }
+        Ok(store)
     }
 }
 

@@ -7,11 +7,32 @@
 /// a connection reaches (see `storage::failover`).
 ///
 /// Row −1 is not a worker id: its owner is the instance that answered the last claim and its
-/// `lease_until` the database time at which that instance was first seen. The migrations
-/// create it as `new` (a database that never had a holder); when it is missing, `leaf_worker`
-/// lost its rows while holders may still issue, and it is written again as first seen now.
+/// `lease_until` the database time at which that instance was first seen. A start that creates
+/// the schema records the instance it reached as first seen at 0 (no holder ever: no wait, yet
+/// a failover before the first claims replicated is still seen); when it is missing later,
+/// `leaf_worker` lost its rows while holders may still issue, and it is written again as first
+/// seen now. Row −3 holds the highest worker id ever given a row.
 macro_rules! worker_lease_store {
     ($store:ty, $now:expr, $p:path, $instance:path) => {
+        impl $store {
+            /// Row −1 for a database this start created the schema of: the instance reached,
+            /// first seen at 0 (kept if another node's claim wrote it first).
+            pub(super) async fn record_new_lease_table(
+                &self,
+            ) -> Result<(), $crate::storage::StoreError> {
+                let insert = format!(
+                    "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, {}, 0, 0)",
+                    $p(1)
+                );
+                let mut conn = self.pool.acquire().await?;
+                let current = format!("instance {}", $instance(&mut *conn).await?);
+                match sqlx::query(&insert).bind(&current).execute(&mut *conn).await {
+                    Err(e) if !$crate::storage::unique_violation(&e) => Err(e.into()),
+                    _ => Ok(()),
+                }
+            }
+        }
+
         #[async_trait::async_trait]
         impl $crate::storage::WorkerLeaseStore for $store {
             async fn instance_changed_within(
@@ -29,22 +50,13 @@ macro_rules! worker_lease_store {
                     "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) VALUES (-1, {}, {}, 0)",
                     $p(1), $now
                 );
-                let adopt = format!(
-                    "UPDATE leaf_worker SET owner = {} WHERE worker_id = -1 AND owner = 'new'",
-                    $p(1)
-                );
                 let switch = format!(
                     "UPDATE leaf_worker SET owner = {}, lease_until = {} WHERE worker_id = -1 AND owner <> {}",
                     $p(1), $now, $p(2)
                 );
                 // Nodes starting at once race for the first record (a unique clash, or on
                 // MySQL a deadlock of their gap locks): the loser reads the winner's.
-                // With row −1 the table lost row −3 too: the ids given rows from now on are
-                // recorded from the ones it still has.
-                // (The aggregate is a derived table: an aggregate alone gives its one row even
-                // when a WHERE beside it is false.)
-                let ids = "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) SELECT -3, 'ids', 0, highest FROM (SELECT COALESCE(MAX(worker_id), -1) AS highest FROM leaf_worker WHERE worker_id >= 0) AS ids WHERE NOT EXISTS (SELECT 1 FROM leaf_worker WHERE worker_id = -3)";
-                let (read, insert, adopt, switch) = (&read, &insert, &adopt, &switch);
+                let (read, insert, switch) = (&read, &insert, &switch);
                 $crate::storage::committed::retry_conflicts(|| {
                     $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                         sqlx::query(lock).execute(&mut *tx).await?;
@@ -57,14 +69,11 @@ macro_rules! worker_lease_store {
                             // wait a whole lease from now.
                             None => {
                                 sqlx::query(insert).bind(&current).execute(&mut *tx).await?;
-                                sqlx::query(ids).execute(&mut *tx).await?;
+                                // With row −1 the table lost row −3 too: recorded again.
+                                sqlx::query($crate::storage::workers::IDS_RECORD)
+                                    .execute(&mut *tx)
+                                    .await?;
                                 true
-                            }
-                            // The first claim on a database the migrations created (unless
-                            // a deleted row was claimed since: then it is marked as seen now).
-                            Some((seen, since, now)) if seen == "new" => {
-                                sqlx::query(adopt).bind(&current).execute(&mut *tx).await?;
-                                now - since < window_ms
                             }
                             Some((seen, since, now)) if *seen == current => now - since < window_ms,
                             Some(_) => {
@@ -141,13 +150,18 @@ macro_rules! worker_lease_store {
                 .await?;
                 if let Some(missing) = inserted {
                     if missing {
-                        // Row −3 itself was deleted: recorded again from the rows there are
-                        // (a node racing here clashes, which is as good).
-                        let record = "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) SELECT -3, 'ids', 0, MAX(worker_id) FROM leaf_worker WHERE worker_id >= 0";
-                        match sqlx::query(record).execute(&self.pool).await {
+                        // Row −3 itself was deleted: recorded again from the rows there are,
+                        // then raised to this id whoever recorded it (a node racing here may
+                        // have counted the rows before this one's was committed).
+                        match sqlx::query($crate::storage::workers::IDS_RECORD).execute(&self.pool).await {
                             Err(e) if !$crate::storage::unique_violation(&e) => return Err(e.into()),
                             _ => {}
                         }
+                        sqlx::query(raise)
+                            .bind(worker_id)
+                            .bind(worker_id)
+                            .execute(&self.pool)
+                            .await?;
                     }
                     return Ok(Some(0));
                 }
@@ -224,7 +238,7 @@ macro_rules! worker_lease_store {
                 match rows.first() {
                     Some((until, now)) if until >= now => Ok(false),
                     Some(_) => Err($crate::storage::StoreError::WentBack(format!(
-                        "leaf_worker shows worker id {worker_id} as another holder's, expired: the table went back (a restore)"
+                        "leaf_worker shows worker id {worker_id} as another holder's, expired (this node's lease ran out, or the table went back)"
                     ))),
                     None => Err($crate::storage::StoreError::WentBack(format!(
                         "leaf_worker has no row for worker id {worker_id}: the table lost its rows (a wipe, or a restore)"
@@ -321,6 +335,10 @@ macro_rules! worker_lease_store {
 }
 
 pub(crate) use worker_lease_store;
+
+/// Row −3 recorded again from the rows there are, unless it exists. (The aggregate is a derived
+/// table: an aggregate alone gives its one row even when a WHERE beside it is false.)
+pub(crate) const IDS_RECORD: &str = "INSERT INTO leaf_worker (worker_id, owner, lease_until, fence_ms) SELECT -3, 'ids', 0, highest FROM (SELECT COALESCE(MAX(worker_id), -1) AS highest FROM leaf_worker WHERE worker_id >= 0) AS ids WHERE NOT EXISTS (SELECT 1 FROM leaf_worker WHERE worker_id = -3)";
 
 /// `?` whatever the position (SQLite, MySQL).
 pub(crate) fn question(_: usize) -> &'static str {

@@ -235,17 +235,17 @@ impl Journal {
         self.read_to > self.compact_at_least.max(2 * self.snapshot_bytes)
     }
 
-    /// Writes `marks` merged with everything on disk (the newest snapshot and the whole log)
-    /// as the next snapshot, then empties the log. A crash between the two leaves a log whose marks the snapshot already holds.
+    /// Writes `marks` merged with everything on disk (the newest snapshot and the whole
+    /// log) as the next snapshot, then empties the log. A crash between the two leaves a log whose marks the snapshot already holds.
     pub fn compact(
         &mut self,
         mut marks: HashMap<String, i64>,
     ) -> Result<Vec<(String, i64)>, String> {
         let _locked = self.lock()?;
         let others = self.catch_up()?;
-        // Every mark in the log goes into the snapshot, not only those read now: other
-        // processes' marks this one read before (its `read`, not its own marks) are in the log
-        // too, and the log is emptied below.
+        // Every mark in the log goes into the snapshot, not only those read now: marks of other
+        // processes that this one read earlier (by `others_mark`) are in the log too, and the
+        // log is emptied below.
         let (_, log) = self.files()?;
         let mut bytes = vec![0u8; self.read_to as usize];
         log.read_exact_at(&mut bytes, 0)
