@@ -6,35 +6,12 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::backends::Backend;
+use common::backends::{raw, Backend};
 use common::scenarios::unique_tag;
 use common::TestServer;
 use leafd::config::{Config, StorageConfig};
 use leafd::storage::NewTag;
 use sqlx::Connection;
-
-/// Runs `sql` on the database of `url` and returns the first column of its first row, if any.
-async fn raw(url: &str, sql: &str) -> Option<i64> {
-    if url.starts_with("sqlite:") {
-        let mut db = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(sql)
-            .fetch_optional(&mut db)
-            .await
-            .unwrap()
-    } else if url.starts_with("mysql") {
-        let mut db = sqlx::MySqlConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(sql)
-            .fetch_optional(&mut db)
-            .await
-            .unwrap()
-    } else {
-        let mut db = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(sql)
-            .fetch_optional(&mut db)
-            .await
-            .unwrap()
-    }
-}
 
 /// Leaf's allocation (`SegmentIDGenImpl`: `UPDATE … SET max_id = max_id + step`, then read the
 /// row) with the row's step or Leaf's adaptive `custom` step; returns the new `max_id`.

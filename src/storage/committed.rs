@@ -59,12 +59,6 @@ where
     }
 }
 
-/// Pool settings shared by every dialect. A connection that still counts itself inside a
-/// transaction when taken from the pool is closed instead of used. SQLite rolls a transaction
-/// back by itself when its COMMIT fails on a full disk; the driver's ROLLBACK then fails too
-/// ("no transaction is active") and its transaction depth stays at one, so the connection's next
-/// "transaction" would be a savepoint whose release commits nothing, while the connection holds
-/// the database's write lock against every other node.
 /// Opens the pool of a server database. A pool that cannot connect retries until its acquire
 /// timeout and then says only "pool timed out": one direct attempt then names the cause
 /// (connection refused, unknown host, a TLS or password failure).
@@ -81,11 +75,35 @@ pub(crate) async fn connect_pool<DB: Database>(
     }
 }
 
+/// Pool settings shared by every dialect. A connection that still counts itself inside a
+/// transaction when taken from the pool is closed instead of used. SQLite rolls a transaction
+/// back by itself when its COMMIT fails on a full disk; the driver's ROLLBACK then fails too
+/// ("no transaction is active") and its transaction depth stays at one, so the connection's next
+/// "transaction" would be a savepoint whose release commits nothing, while the connection holds
+/// the database's write lock against every other node.
+///
+/// A connection idle for [`PING_IDLE_AFTER`] or longer is pinged before use (and closed when the
+/// ping fails), as sqlx's `test_before_acquire` would ping every one: that ping is a round trip
+/// on every allocation, while a connection in steady use was just proven alive (sqlx also pings
+/// each one as it comes back to the pool). One that died meanwhile fails its statement, which
+/// is transient: the allocation is retried on another.
 pub(crate) fn pool_options<DB: Database>(config: &StorageConfig) -> PoolOptions<DB> {
     PoolOptions::new()
         .max_connections(config.max_connections)
         .acquire_timeout(config.acquire_timeout())
-        .before_acquire(|conn: &mut DB::Connection, _| {
-            Box::pin(async move { Ok(!conn.is_in_transaction()) })
+        .test_before_acquire(false)
+        .before_acquire(|conn: &mut DB::Connection, meta| {
+            Box::pin(async move {
+                if conn.is_in_transaction() {
+                    return Ok(false);
+                }
+                if meta.idle_for >= PING_IDLE_AFTER {
+                    return Ok(conn.ping().await.is_ok());
+                }
+                Ok(true)
+            })
         })
 }
+
+/// How long a pooled connection may sit idle and still be used without a ping first.
+pub(crate) const PING_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);

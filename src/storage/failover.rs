@@ -150,6 +150,7 @@ mod tests {
             failover_margin: margin,
             window,
             period_rule: None,
+            seen: None,
         };
         assert_eq!(
             plan("t", 2001, Some(2001), 9, None, "a", &grant(0)).unwrap(),

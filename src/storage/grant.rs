@@ -56,6 +56,16 @@ pub struct Grant {
     /// The period rule the caller applies (`period:daily:6`), checked against the row's record
     /// before anything moves ([`rule_admits`]).
     pub period_rule: Option<Arc<str>>,
+    /// The row as the caller's last allocation of the tag found it, when the caller admits a
+    /// row in that state as it is ([`Grant::single_statement`]).
+    pub seen: Option<SeenRow>,
+}
+
+/// A row's record (its `split` column) and step, as an earlier allocation found them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenRow {
+    pub record: Arc<str>,
+    pub step: i64,
 }
 
 impl Grant {
@@ -66,6 +76,22 @@ impl Grant {
             failover_margin,
             window: None,
             period_rule: None,
+            seen: None,
+        }
+    }
+
+    /// The step and the row the caller last saw, when one autocommitted statement may make
+    /// this allocation: an explicit step, no window, no period rule. The statement moves the
+    /// row only while it still shows what the caller saw, has no opaque marker, leaves nothing
+    /// unserved (`exclusive_max = max_id`), was written last by the instance answering now
+    /// (no failover margin) and has room for the step; otherwise it moves nothing and the
+    /// locked transaction decides, with the same outcome as if it had run alone. Why: a
+    /// strict tag's row is contended by every node, and a transaction holds its lock across
+    /// four round trips, one statement only while it runs.
+    pub fn single_statement(&self) -> Option<(i64, &SeenRow)> {
+        match (self.step, &self.window, &self.period_rule, &self.seen) {
+            (Some(step), None, None, Some(seen)) if step >= 1 => Some((step, seen)),
+            _ => None,
         }
     }
 }

@@ -33,7 +33,7 @@ pub(crate) use error::refused_rule;
 pub use error::StoreError;
 use error::{insert_error, not_allocated};
 pub use failover::FailoverSkip;
-pub use grant::{rule_admits, same_rule, Grant, LeafAlloc, NewTag, Window, PERIOD_RECORD};
+pub use grant::{rule_admits, same_rule, Grant, LeafAlloc, NewTag, SeenRow, Window, PERIOD_RECORD};
 pub use marks::SegmentMarks;
 pub use memory::MemoryStore;
 pub use migrate::statements as migration_statements;

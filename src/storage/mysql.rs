@@ -70,17 +70,88 @@ fn row_to_alloc(row: &MySqlRow) -> Result<LeafAlloc, sqlx::Error> {
     })
 }
 
+/// The instance a server outside Galera is, as an SQL expression: its server id, which
+/// replication requires to differ between a primary and its replicas.
+macro_rules! server_instance_sql {
+    () => {
+        "CONCAT('mysql:server_id:', CAST(@@server_id AS CHAR))"
+    };
+}
+
 /// The instance a connection reaches: a Galera cluster's state UUID (every node of it holds
-/// every commit), otherwise the server id, which replication requires to differ between a
-/// primary and its replicas.
+/// every commit), otherwise [`server_instance_sql`].
 async fn instance(conn: &mut sqlx::MySqlConnection) -> Result<String, sqlx::Error> {
     if let Some(uuid) = galera_uuid(conn).await? {
         return Ok(format!("galera:{uuid}"));
     }
-    let (server_id,): (String,) = sqlx::query_as("SELECT CAST(@@server_id AS CHAR)")
+    let (id,): (String,) = sqlx::query_as(concat!("SELECT ", server_instance_sql!()))
         .fetch_one(&mut *conn)
         .await?;
-    Ok(format!("mysql:server_id:{server_id}"))
+    Ok(id)
+}
+
+/// An allocation in one autocommitted `UPDATE` where the grant and the row allow it
+/// ([`super::Grant::single_statement`]), outside Galera (whose instance takes a statement of
+/// its own): the row lock is held while the statement runs, not across a transaction's round
+/// trips. The new `max_id` comes back in the reply's last-insert id (`LAST_INSERT_ID(expr)`),
+/// the rest is what the statement required the row to show. `None`: it moved nothing.
+async fn one_statement(
+    store: &MySqlStore,
+    tag: &str,
+    grant: &super::Grant,
+) -> Result<Option<LeafAlloc>, StoreError> {
+    let Some((step, seen)) = grant.single_statement() else {
+        return Ok(None);
+    };
+    if store.galera.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    // `exclusive_max` first: it reads the old `max_id` whether the server assigns left to right
+    // (the default) or all at once (sql_mode SIMULTANEOUS_ASSIGNMENT). The texts compare as
+    // bytes, as the locked transaction compares them (and whatever the columns' collation).
+    let done = sqlx::query(concat!(
+        "UPDATE leaf_alloc SET exclusive_max = max_id + ?, max_id = LAST_INSERT_ID(max_id + ?) \
+         WHERE biz_tag = ? AND CAST(split AS BINARY) = CAST(? AS BINARY) AND step = ? \
+         AND opaque IS NULL AND exclusive_max = max_id \
+         AND max_id >= 0 AND max_id <= 9223372036854775807 - ? \
+         AND CAST(writer AS BINARY) = CAST(",
+        server_instance_sql!(),
+        " AS BINARY)"
+    ))
+    .bind(step)
+    .bind(step)
+    .bind(tag)
+    .bind(&*seen.record)
+    .bind(seen.step)
+    .bind(step)
+    .execute(&store.pool)
+    .await
+    .map_err(StoreError::WriteFailed)?;
+    if done.rows_affected() != 1 {
+        return Ok(None);
+    }
+    // The row's max_id was at least 0, so the new one is at least the step: anything else is a
+    // server that does not report LAST_INSERT_ID(expr), whose range must not be used.
+    let max_id = i64::try_from(done.last_insert_id())
+        .ok()
+        .filter(|max_id| *max_id >= step)
+        .ok_or_else(|| {
+            StoreError::Unavailable(format!(
+                "the allocation of '{tag}' reported max_id {}, below its step {step}: the server does not return LAST_INSERT_ID(expr)",
+                done.last_insert_id()
+            ))
+        })?;
+    Ok(Some(LeafAlloc {
+        tag: tag.to_string(),
+        max_id,
+        first: max_id - step,
+        step: seen.step,
+        description: None,
+        failover: None,
+        opaque: None,
+        split: Some(seen.record.to_string()),
+        update_time: None,
+    }))
 }
 
 /// The state UUID of the Galera cluster the server belongs to, if it does.
@@ -115,10 +186,13 @@ super::locked::locked_segment_store!(
     placeholder: super::workers::question,
     instance: instance,
     locked_instance: locked_instance,
-    lock: "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split, \
-           CONCAT('mysql:server_id:', CAST(@@server_id AS CHAR)) AS instance \
-           FROM leaf_alloc \
-           WHERE biz_tag = ? FOR UPDATE",
+    one_statement: one_statement,
+    allocate_many: MySqlStore::allocate_each,
+    lock: concat!(
+        "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split, ",
+        server_instance_sql!(),
+        " AS instance FROM leaf_alloc WHERE biz_tag = ? FOR UPDATE"
+    ),
     advance: "UPDATE leaf_alloc SET max_id = ?, exclusive_max = ?, writer = ? WHERE biz_tag = ?",
     insert: "INSERT INTO leaf_alloc \
              (biz_tag, max_id, exclusive_max, step, description, writer, split) \

@@ -1,12 +1,14 @@
 //! PostgreSQL store: allocation is one `UPDATE … RETURNING`, atomic under the row lock, so
 //! concurrent nodes never receive overlapping segments.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::Row;
 
 use super::committed::{connect_pool, pool_options};
+use super::locked::LockedRow;
 use super::{LeafAlloc, StoreError};
 use crate::config::StorageConfig;
 
@@ -60,17 +62,57 @@ fn row_to_alloc(row: &PgRow) -> Result<LeafAlloc, sqlx::Error> {
     })
 }
 
-/// The instance a connection reaches: the cluster's system identifier and the timeline it
-/// writes on. A standby shares the primary's identifier; its promotion starts a new timeline,
-/// and so does a point-in-time restore.
+/// The instance a connection reaches, as an SQL expression: the cluster's system identifier
+/// and the timeline it writes on. A standby shares the primary's identifier; its promotion
+/// starts a new timeline, and so does a point-in-time restore.
+macro_rules! instance_sql {
+    () => {
+        "('postgres:' || (SELECT system_identifier FROM pg_control_system())::text \
+         || ':timeline:' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
+    };
+}
+
+/// The instance a connection reaches ([`instance_sql`]).
 async fn instance(conn: &mut sqlx::PgConnection) -> Result<String, sqlx::Error> {
-    let (id,): (String,) = sqlx::query_as(
-        "SELECT 'postgres:' || system_identifier::text || ':timeline:' \
-         || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) FROM pg_control_system()",
-    )
-    .fetch_one(conn)
-    .await?;
+    let (id,): (String,) = sqlx::query_as(concat!("SELECT ", instance_sql!()))
+        .fetch_one(conn)
+        .await?;
     Ok(id)
+}
+
+/// An allocation in one autocommitted `UPDATE … RETURNING` where the grant and the row allow
+/// it ([`super::Grant::single_statement`]): the row lock is held while the statement runs,
+/// not across a transaction's round trips. `None`: the statement moved nothing.
+async fn one_statement(
+    store: &PostgresStore,
+    tag: &str,
+    grant: &super::Grant,
+) -> Result<Option<LeafAlloc>, StoreError> {
+    let Some((step, seen)) = grant.single_statement() else {
+        return Ok(None);
+    };
+    // fetch_all reads to the end of the reply, where a failed commit would show.
+    let rows = sqlx::query(concat!(
+        "UPDATE leaf_alloc SET max_id = max_id + $1, exclusive_max = max_id + $1, \
+         update_time = CURRENT_TIMESTAMP \
+         WHERE biz_tag = $2 AND split = $3 AND step = $4 AND opaque IS NULL \
+         AND exclusive_max = max_id AND max_id <= 9223372036854775807 - $1 AND writer = ",
+        instance_sql!(),
+        " RETURNING biz_tag, max_id, step, description, opaque, split"
+    ))
+    .bind(step)
+    .bind(tag)
+    .bind(&*seen.record)
+    .bind(seen.step)
+    .fetch_all(&store.pool)
+    .await
+    .map_err(StoreError::WriteFailed)?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let mut alloc = row_to_alloc(row)?;
+    alloc.first = alloc.max_id - step;
+    Ok(Some(alloc))
 }
 
 /// [`instance`], computed by the lock statement itself (one round trip less per allocation).
@@ -82,6 +124,68 @@ async fn locked_instance(
     sqlx::Row::try_get(row, "instance")
 }
 
+/// The allocations of `requests` (a batch of different tags, see `storage::batch`) in one
+/// transaction of four round trips whatever their number: one statement locks every row, in
+/// one order on every node (bytewise), so two batches never wait for each other in a circle;
+/// each request is planned as alone ([`LockedRow::allocate`]); one statement writes every row
+/// that moved.
+async fn allocate_batch(
+    store: &PostgresStore,
+    requests: &[(String, super::Grant)],
+) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
+    super::committed::committed(&store.pool, |mut tx| async move {
+        let tags: Vec<&str> = requests.iter().map(|(tag, _)| tag.as_str()).collect();
+        let rows = sqlx::query(concat!(
+            "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split, ",
+            instance_sql!(),
+            " AS instance FROM leaf_alloc WHERE biz_tag = ANY($1) \
+             ORDER BY biz_tag COLLATE \"C\" FOR UPDATE"
+        ))
+        .bind(&tags)
+        .fetch_all(&mut *tx)
+        .await?;
+        // Each row with the instance answering and whether an allocation moved it.
+        let mut locked = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let current: String = row.try_get("instance")?;
+            let row = LockedRow::decode(row, row_to_alloc)?;
+            locked.insert(row.alloc.tag.clone(), (row, current, false));
+        }
+        let mut out = Vec::with_capacity(requests.len());
+        for (tag, grant) in requests {
+            let Some((row, current, moved)) = locked.get_mut(tag.as_str()) else {
+                out.push(Err(StoreError::UnknownTag(tag.clone())));
+                continue;
+            };
+            let alloc = row.allocate(tag, grant, current);
+            *moved |= alloc.is_ok();
+            out.push(alloc);
+        }
+        // Every moved row as its last allocation left it.
+        let (mut moved, mut max_ids, mut writers) = (Vec::new(), Vec::new(), Vec::new());
+        for (tag, (row, current, _)) in locked.iter().filter(|(_, (_, _, moved))| *moved) {
+            moved.push(tag.as_str());
+            max_ids.push(row.alloc.max_id);
+            writers.push(current.as_str());
+        }
+        if !moved.is_empty() {
+            sqlx::query(
+                "UPDATE leaf_alloc AS a SET max_id = v.max_id, exclusive_max = v.max_id, \
+                 writer = v.writer, update_time = CURRENT_TIMESTAMP \
+                 FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS v(tag, max_id, writer) \
+                 WHERE a.biz_tag = v.tag",
+            )
+            .bind(&moved)
+            .bind(&max_ids)
+            .bind(&writers)
+            .execute(&mut *tx)
+            .await?;
+        }
+        Ok((tx, out))
+    })
+    .await
+}
+
 super::locked::locked_segment_store!(
     PostgresStore,
     backend: "postgres",
@@ -89,11 +193,13 @@ super::locked::locked_segment_store!(
     placeholder: super::workers::dollar,
     instance: instance,
     locked_instance: locked_instance,
-    lock: "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split, \
-           'postgres:' || (SELECT system_identifier FROM pg_control_system())::text \
-           || ':timeline:' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS instance \
-           FROM leaf_alloc \
-           WHERE biz_tag = $1 FOR UPDATE",
+    one_statement: one_statement,
+    allocate_many: allocate_batch,
+    lock: concat!(
+        "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split, ",
+        instance_sql!(),
+        " AS instance FROM leaf_alloc WHERE biz_tag = $1 FOR UPDATE"
+    ),
     advance: "UPDATE leaf_alloc SET max_id = $1, exclusive_max = $2, writer = $3, \
               update_time = CURRENT_TIMESTAMP WHERE biz_tag = $4",
     insert: "INSERT INTO leaf_alloc \

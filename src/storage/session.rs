@@ -29,9 +29,12 @@ pub(crate) fn postgres(options: PgConnectOptions) -> PgConnectOptions {
 /// MySQL / MariaDB: `innodb_lock_wait_timeout` on every server; `idle_transaction_timeout`
 /// where the server has it (MariaDB 10.3 and later, Galera included). MySQL and TiDB have no
 /// such limit: there a paused holder blocks the tag until its connection closes.
+///
+/// `autocommit` is set on too, whatever the server's default or `init_connect` chose: an
+/// allocation made by one statement outside a transaction must commit with it.
 pub(crate) async fn mysql(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
     sqlx::query(&format!(
-        "SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECS}"
+        "SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECS}, autocommit = 1"
     ))
     .execute(&mut *conn)
     .await?;

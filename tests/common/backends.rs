@@ -193,3 +193,27 @@ impl Drop for FreshDatabase {
         }
     }
 }
+
+/// Runs `sql` on the database of `url` and returns the first column of its first row, if any.
+#[allow(dead_code)]
+pub async fn raw(url: &str, sql: &str) -> Option<i64> {
+    if url.starts_with("sqlite:") {
+        let mut db = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(sql)
+            .fetch_optional(&mut db)
+            .await
+            .unwrap()
+    } else if url.starts_with("mysql") {
+        let mut db = sqlx::MySqlConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(sql)
+            .fetch_optional(&mut db)
+            .await
+            .unwrap()
+    } else {
+        let mut db = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(sql)
+            .fetch_optional(&mut db)
+            .await
+            .unwrap()
+    }
+}

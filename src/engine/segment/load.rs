@@ -10,7 +10,7 @@ use super::step;
 use super::{
     BufferState, Interleave, LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer,
 };
-use crate::storage::{Grant, LeafAlloc, StoreError};
+use crate::storage::{Grant, LeafAlloc, SeenRow, StoreError};
 
 /// What a strict tag's row records (in its `split` column, which a strict tag does not
 /// otherwise use): a node serving the tag in trend order is refused.
@@ -185,6 +185,7 @@ impl SegmentEngine {
             failover_margin: self.settings.failover_margin,
             window: buffer.period.as_ref().map(|rule| rule.window()),
             period_rule: buffer.period.as_ref().map(|rule| rule.marker().into()),
+            seen: self.seen_row(buffer),
         };
         // Read before the allocation: a mark another live process wrote after it began may be
         // above its range without the database having gone back.
@@ -251,6 +252,20 @@ impl SegmentEngine {
             .guard(&buffer.name, &alloc, others)
             .await
             .map(|()| alloc))
+    }
+
+    /// A plain strict tag's row as its last allocation on this node found it: while the row
+    /// still shows it, the store may allocate in one statement ([`Grant::single_statement`]).
+    /// The first allocation after a start reads the whole row.
+    fn seen_row(&self, buffer: &TagBuffer) -> Option<SeenRow> {
+        if !buffer.strict || buffer.period.is_some() || buffer.opaque.is_some() {
+            return None;
+        }
+        let step = buffer.lock().table_step;
+        (step > 0).then(|| SeenRow {
+            record: STRICT_MARKER.into(),
+            step,
+        })
     }
 
     /// One allocation, retried for `load_timeout` while the database answers with errors that

@@ -319,6 +319,7 @@ impl SegmentEngine {
                 failover_margin: margin,
                 window: Some(window),
                 period_rule: rule.clone(),
+                seen: None,
             };
             match retry_conflicts(|| self.store.allocate(tag, grant.clone())).await {
                 Ok(alloc) => return Ok(self.skipped(tag, wanted, alloc)),
