@@ -149,10 +149,18 @@ async fn on_two_databases(backend: Backend, test: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_batch_answers_as_single_allocations() {
-    on_two_databases(Backend::MySql, "mysql_a_batch_answers_as_single_allocations").await;
+    on_two_databases(
+        Backend::MySql,
+        "mysql_a_batch_answers_as_single_allocations",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_batch_answers_as_single_allocations() {
-    on_two_databases(Backend::Postgres, "postgres_a_batch_answers_as_single_allocations").await;
+    on_two_databases(
+        Backend::Postgres,
+        "postgres_a_batch_answers_as_single_allocations",
+    )
+    .await;
 }

@@ -11,7 +11,6 @@ use common::scenarios::unique_tag;
 use common::TestServer;
 use leafd::config::{Config, StorageConfig};
 use leafd::storage::NewTag;
-use sqlx::Connection;
 
 /// Leaf's allocation (`SegmentIDGenImpl`: `UPDATE … SET max_id = max_id + step`, then read the
 /// row) with the row's step or Leaf's adaptive `custom` step; returns the new `max_id`.
