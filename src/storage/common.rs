@@ -2,7 +2,7 @@
 //! record a tag's opaque-ID key and residue class, close the pool and lend the lease table.
 
 /// Implements [`super::SegmentStore`] for a store with a `pool` field: the methods every SQL
-/// dialect shares, and the ones given in braces (its allocation and its writes). `$row` maps a
+/// dialect shares, and the ones given in braces (its allocation, its writes and its tag list). `$row` maps a
 /// row to a [`super::LeafAlloc`], `$p` numbers placeholders (see `storage::workers`).
 macro_rules! sql_segment_store {
     (
@@ -21,14 +21,6 @@ macro_rules! sql_segment_store {
                 .fetch_all(&self.pool)
                 .await?;
             Ok(rows.iter().map($row).collect::<Result<Vec<_>, _>>()?)
-        }
-
-        async fn rules(
-            &self,
-        ) -> Result<Vec<(String, Option<String>)>, $crate::storage::StoreError> {
-            Ok(sqlx::query_as("SELECT biz_tag, split FROM leaf_alloc")
-                .fetch_all(&self.pool)
-                .await?)
         }
 
         async fn row(

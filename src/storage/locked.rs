@@ -57,6 +57,14 @@ macro_rules! locked_segment_store {
                 $allocate_many(self, requests).await
             }
 
+            async fn rules(
+                &self,
+            ) -> Result<Vec<(String, Option<String>)>, $crate::storage::StoreError> {
+                Ok(sqlx::query_as("SELECT biz_tag, split FROM leaf_alloc")
+                    .fetch_all(&self.pool)
+                    .await?)
+            }
+
             async fn create_tag(
                 &self,
                 new: &$crate::storage::NewTag,

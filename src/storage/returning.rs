@@ -2,7 +2,8 @@
 //! statements and the same handling, differing only in the SQL text a dialect passes in.
 
 /// Implements [`super::SegmentStore`] for a store with a `pool` field and a `writes` mutex that
-/// lets one allocation of this process at a time ask for the file's write lock: SQLite has one
+/// lets one allocation of this process at a time ask for the file's write lock (`$rules` reads
+/// the tag list): SQLite has one
 /// writer, and connections that find it taken sleep in its busy handler (1 ms, 2 ms, 5 ms …)
 /// while the lock, held a tenth of a millisecond, goes unused. The SQL texts bind, in
 /// order: `allocate` the step (`Option<i64>`), the tag, the window's span and usable
@@ -18,6 +19,7 @@ macro_rules! returning_segment_store {
         backend: $backend:literal,
         row: $row:path,
         placeholder: $placeholder:path,
+        rules: $rules:path,
         allocate: $allocate:expr,
         exists: $exists:expr,
         insert: $insert:expr,
@@ -58,6 +60,12 @@ macro_rules! returning_segment_store {
                     Ok((tx, out))
                 })
                 .await
+            }
+
+            async fn rules(
+                &self,
+            ) -> Result<Vec<(String, Option<String>)>, $crate::storage::StoreError> {
+                $rules(self).await
             }
 
             async fn create_tag(
