@@ -11,13 +11,12 @@ mod settings;
 mod snapshot;
 pub mod step;
 mod strict;
+mod table;
 mod tags;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 pub use buffer::{store_reason, BufferState, Interleave, LoadFailure, Segment};
@@ -29,6 +28,7 @@ pub use period::{Calendar, PeriodRule};
 pub use rule::{TagRule, MAX_PREFIX_LEN};
 pub use settings::{AutoCreate, SegmentSettings};
 pub use snapshot::{TagCursor, TagSnapshot, WHOLE_LIST_LIMIT};
+use table::TagTable;
 pub use tags::{validate_tag_name, MAX_TAG_LEN, MAX_TAG_START};
 
 use crate::clock::Clock;
@@ -112,11 +112,6 @@ enum Step {
     },
 }
 
-/// Tags are created only by admins and configuration, so the hash needs no defence against
-/// chosen collisions beyond foldhash's per-process seed; SipHash cost more than the rest of
-/// an INCR's lookup.
-type TagMap = HashMap<Box<[u8]>, Arc<TagEntry>, foldhash::fast::RandomState>;
-
 /// Batched allocations in flight at once on a server database (SQLite: one): with the
 /// database's connections to spare for strict tags, admin commands and worker-id leases.
 const ALLOCATION_RUNNERS: usize = 4;
@@ -128,8 +123,8 @@ pub struct SegmentEngine {
     batcher: AllocationBatcher,
     /// This node's durable high-water mark per tag (the rollback guard).
     marks: Arc<SegmentMarks>,
-    /// Read on every request without a shared lock; replaced whole when the tag set changes.
-    tags: ArcSwap<TagMap>,
+    /// Read on every request without a shared lock.
+    tags: TagTable,
     /// Serialises refreshes of the tag set and the reads of a missed tag's row.
     tag_writer: tokio::sync::Mutex<()>,
     settings: SegmentSettings,
@@ -151,7 +146,7 @@ impl SegmentEngine {
             batcher: AllocationBatcher::new(store.clone(), ALLOCATION_RUNNERS),
             store,
             marks,
-            tags: ArcSwap::from_pointee(TagMap::default()),
+            tags: TagTable::default(),
             tag_writer: tokio::sync::Mutex::new(()),
             settings,
             clock,
@@ -167,17 +162,16 @@ impl SegmentEngine {
     /// `tag`'s buffers, built now if this is its first request; `None` for a tag not in the
     /// map.
     pub(super) fn buffer_of(&self, tag: &str) -> Option<Arc<TagBuffer>> {
-        let tags = self.tags.load();
-        Some(
-            tags.get(tag.as_bytes())?
-                .buffer(tag, &self.settings)
-                .clone(),
-        )
+        self.tags.read(tag.as_bytes(), |entry| {
+            entry.buffer(tag, &self.settings).clone()
+        })
     }
 
     /// `tag`'s buffers if a request already built them.
     pub(super) fn loaded_buffer_of(&self, tag: &str) -> Option<Arc<TagBuffer>> {
-        self.tags.load().get(tag.as_bytes())?.loaded().cloned()
+        self.tags
+            .read(tag.as_bytes(), |entry| entry.loaded().cloned())
+            .flatten()
     }
 
     pub fn marks(&self) -> &Arc<SegmentMarks> {
@@ -194,7 +188,7 @@ impl SegmentEngine {
 
     /// Number of tags currently known.
     pub fn tag_count(&self) -> usize {
-        self.tags.load().len()
+        self.tags.len()
     }
 
     /// [`SegmentEngine::next_ids`] when the tag's buffers hold the IDs, without waiting and
@@ -205,12 +199,15 @@ impl SegmentEngine {
         if n < 1 {
             return None;
         }
-        let tags = self.tags.load();
-        let buffer = tags.get(tag)?.loaded()?;
-        if n != 1 && buffer.opaque.is_some() {
-            return None;
-        }
-        buffer.handed_out(self.take_from_buffers(buffer, n)?)
+        self.tags
+            .read(tag, |entry| {
+                let buffer = entry.loaded()?;
+                if n != 1 && buffer.opaque.is_some() {
+                    return None;
+                }
+                buffer.handed_out(self.take_from_buffers(buffer, n)?)
+            })
+            .flatten()
     }
 
     /// A pipeline of `n` INCRs of `tag` served as one block of `n` consecutive IDs, the last
@@ -223,14 +220,15 @@ impl SegmentEngine {
         tag: &[u8],
         n: i64,
     ) -> Option<Result<i64, SegmentError>> {
-        let buffer = {
-            let tags = self.tags.load();
-            let buffer = tags.get(tag)?.loaded()?;
-            if !buffer.strict || buffer.opaque.is_some() || buffer.period.is_some() || n < 1 {
-                return None;
-            }
-            buffer.clone()
-        };
+        let buffer = self
+            .tags
+            .read(tag, |entry| {
+                let buffer = entry.loaded()?;
+                let plain_strict =
+                    buffer.strict && buffer.opaque.is_none() && buffer.period.is_none();
+                (plain_strict && n >= 1).then(|| buffer.clone())
+            })
+            .flatten()?;
         Some(self.next_strict(&buffer, n).await)
     }
 
@@ -258,24 +256,17 @@ impl SegmentEngine {
             return Err(SegmentError::Invalid("count must be positive".into()));
         }
         // Fast path: the tag map is read without cloning anything, and the clock is not read.
-        let found = {
-            let tags = self.tags.load();
-            match tags
-                .get(tag.as_bytes())
-                .map(|e| e.buffer(tag, &self.settings))
-            {
-                Some(buffer) if buffer.opaque.is_none() => {
-                    match self.take_from_buffers(buffer, n) {
-                        Some(last) => return Ok(last),
-                        None => Some(buffer.clone()),
-                    }
-                }
-                Some(buffer) => Some(buffer.clone()),
-                None => None,
+        let found = self.tags.read(tag.as_bytes(), |entry| {
+            let buffer = entry.buffer(tag, &self.settings);
+            match buffer.opaque {
+                None => self.take_from_buffers(buffer, n).ok_or(buffer),
+                Some(_) => Err(buffer),
             }
-        };
+            .map_err(Arc::clone)
+        });
         let buffer = match found {
-            Some(buffer) => buffer,
+            Some(Ok(last)) => return Ok(last),
+            Some(Err(buffer)) => buffer,
             None => self.lookup_after_refresh(tag).await?,
         };
         if let Some(refused) = buffer.refuses_count(n) {

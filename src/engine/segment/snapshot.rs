@@ -7,8 +7,9 @@ impl SegmentEngine {
     pub fn snapshot(&self) -> Vec<TagSnapshot> {
         let mut tags: Vec<TagSnapshot> = self
             .tags
-            .load()
+            .shards()
             .iter()
+            .flat_map(|shard| shard.iter())
             .map(|(name, entry)| self.entry_snapshot(name, entry))
             .collect();
         tags.sort_by(|a, b| a.tag.cmp(&b.tag));
@@ -32,11 +33,11 @@ impl SegmentEngine {
     /// reply and the work stay bounded by `count`, not by the number of tags.
     pub fn snapshot_page(&self, after: &TagCursor, count: usize) -> (Vec<TagSnapshot>, String) {
         let after = after.0.as_slice();
-        let tags = self.tags.load();
+        let shards = self.tags.shards();
         let mut smallest: std::collections::BinaryHeap<&[u8]> =
             std::collections::BinaryHeap::with_capacity(count + 1);
         let mut more = false;
-        for name in tags.keys() {
+        for name in shards.iter().flat_map(|shard| shard.keys()) {
             let name: &[u8] = name;
             if name <= after {
                 continue;
@@ -54,7 +55,10 @@ impl SegmentEngine {
         let page: Vec<TagSnapshot> = smallest
             .into_sorted_vec()
             .into_iter()
-            .filter_map(|name| Some(self.entry_snapshot(name, tags.get(name)?)))
+            .filter_map(|name| {
+                self.tags
+                    .read(name, |entry| self.entry_snapshot(name, entry))
+            })
             .collect();
         let next = match (more, page.last()) {
             (true, Some(last)) => TagCursor(last.tag.as_bytes().to_vec()).render(),
@@ -67,8 +71,9 @@ impl SegmentEngine {
     /// changed), unsorted: the others have served nothing and loaded nothing.
     pub fn used_snapshot(&self) -> Vec<TagSnapshot> {
         self.tags
-            .load()
-            .values()
+            .shards()
+            .iter()
+            .flat_map(|shard| shard.values())
             .filter_map(|entry| entry.loaded().map(|buffer| snapshot_of(buffer)))
             .collect()
     }

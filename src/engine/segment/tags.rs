@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    store_reason, Interleave, SegmentEngine, SegmentError, TagBuffer, TagEntry, TagMap, TagRule,
-};
+use super::{store_reason, Interleave, SegmentEngine, SegmentError, TagBuffer, TagEntry, TagRule};
 use crate::storage::{NewTag, StoreError};
 
 /// Longest tag name, the width of `leaf_alloc.biz_tag`.
@@ -80,12 +78,7 @@ impl SegmentEngine {
 
     /// Adds a tag of the table to the map, unless it is there already.
     fn insert_entry(&self, tag: &str, recorded: Option<&str>) {
-        self.tags.rcu(|map| {
-            let mut map = TagMap::clone(map);
-            map.entry(Box::from(tag.as_bytes()))
-                .or_insert_with(|| TagEntry::new(recorded));
-            map
-        });
+        self.tags.insert_if_absent(tag, || TagEntry::new(recorded));
     }
 
     /// `segment.auto_create`: an unknown tag the pattern allows is created (one INSERT, so
@@ -127,19 +120,16 @@ impl SegmentEngine {
     /// Rebuilds the tag map from the table; the caller holds `tag_writer`.
     async fn refresh_locked(&self) -> Result<usize, StoreError> {
         let rows = self.store.rules().await?;
-        let old = self.tags.load();
-        let mut map = TagMap::with_capacity_and_hasher(rows.len(), Default::default());
-        for (tag, recorded) in &rows {
-            let entry = old
+        self.tags.replace_all(rows.iter().map(|(tag, recorded)| {
+            let entry = self
+                .tags
                 .get(tag.as_bytes())
                 .filter(|entry| entry.serves_record(recorded.as_deref()))
-                .cloned()
                 .unwrap_or_else(|| TagEntry::new(recorded.as_deref()));
-            map.insert(Box::from(tag.as_bytes()), entry);
-        }
-        let count = map.len();
-        self.tags.store(Arc::new(map));
-        drop((rows, old));
+            (tag.as_str(), entry)
+        }));
+        let count = self.tags.len();
+        drop(rows);
         if count >= RETURN_MEMORY_FROM {
             return_freed_memory();
         }
@@ -158,19 +148,11 @@ impl SegmentEngine {
             rule = recorded.unwrap_or("none"),
             "the tag's row records another rule: this node follows it"
         );
-        self.tags.rcu(|map| {
-            let mut map = TagMap::clone(map);
-            map.insert(Box::from(tag.as_bytes()), buffer.clone());
-            map
-        });
+        self.tags.insert(tag, buffer);
     }
 
     pub(super) fn forget_tag(&self, tag: &str) {
-        self.tags.rcu(|map| {
-            let mut map = TagMap::clone(map);
-            map.remove(tag.as_bytes());
-            map
-        });
+        self.tags.remove(tag);
     }
 
     /// What a tag's row records of this node's rule for it, from its creation on: a period's
