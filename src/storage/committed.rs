@@ -2,6 +2,9 @@
 //! transaction that this module begins and commits, checking the commit, before any result is used.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use sqlx::pool::PoolOptions;
 use sqlx::{Connection, Database, Pool, Transaction, TransactionManager};
@@ -34,9 +37,43 @@ where
                 .into(),
         ));
     }
-    let (tx, value) = work(tx).await.map_err(StoreError::into_write_failure)?;
-    tx.commit().await.map_err(StoreError::WriteFailed)?;
+    let (tx, value) = work(tx).await.map_err(|e| noted(e.into_write_failure()))?;
+    tx.commit()
+        .await
+        .map_err(|e| noted(StoreError::WriteFailed(e)))?;
     Ok(value)
+}
+
+/// When a statement last found its connection dead, in milliseconds since [`clock_base`] plus
+/// one (0: never): for a second after, every pooled connection is pinged before use, so the
+/// rest of a pool the database dropped (a restart, a failover) is weeded out at once instead
+/// of failing one allocation after another.
+static CONNECTION_LOST_AT: AtomicU64 = AtomicU64::new(0);
+
+fn clock_base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+/// Returns `error`, noting when it says a connection was lost.
+pub(crate) fn noted(error: StoreError) -> StoreError {
+    if let StoreError::Database(e) | StoreError::WriteFailed(e) = &error {
+        if matches!(
+            e,
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_)
+        ) {
+            let now = clock_base().elapsed().as_millis() as u64 + 1;
+            CONNECTION_LOST_AT.store(now, Ordering::Relaxed);
+        }
+    }
+    error
+}
+
+/// Whether a connection was found dead within [`PING_IDLE_AFTER`].
+fn connection_lost_lately() -> bool {
+    let at = CONNECTION_LOST_AT.load(Ordering::Relaxed);
+    at != 0
+        && clock_base().elapsed().as_millis() as u64 + 1 - at < PING_IDLE_AFTER.as_millis() as u64
 }
 
 /// Runs `attempt` again, up to five times in all after a short random pause, while it fails on
@@ -86,7 +123,8 @@ pub(crate) async fn connect_pool<DB: Database>(
 /// ping fails), as sqlx's `test_before_acquire` would ping every one: that ping is a round trip
 /// on every allocation, while a connection in steady use was just proven alive (sqlx also pings
 /// each one as it comes back to the pool). One that died meanwhile fails its statement, which
-/// is transient: the allocation is retried on another.
+/// is transient: the allocation is retried, and for a second every connection is pinged before
+/// use ([`noted`]), as every one may have died with it.
 pub(crate) fn pool_options<DB: Database>(config: &StorageConfig) -> PoolOptions<DB> {
     PoolOptions::new()
         .max_connections(config.max_connections)
@@ -97,7 +135,7 @@ pub(crate) fn pool_options<DB: Database>(config: &StorageConfig) -> PoolOptions<
                 if conn.is_in_transaction() {
                     return Ok(false);
                 }
-                if meta.idle_for >= PING_IDLE_AFTER {
+                if meta.idle_for >= PING_IDLE_AFTER || connection_lost_lately() {
                     return Ok(conn.ping().await.is_ok());
                 }
                 Ok(true)

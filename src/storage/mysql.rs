@@ -126,7 +126,7 @@ async fn one_statement(
     .bind(step)
     .execute(&store.pool)
     .await
-    .map_err(StoreError::WriteFailed)?;
+    .map_err(|e| super::committed::noted(StoreError::WriteFailed(e)))?;
     if done.rows_affected() != 1 {
         return Ok(None);
     }

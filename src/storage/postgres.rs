@@ -106,7 +106,7 @@ async fn one_statement(
     .bind(seen.step)
     .fetch_all(&store.pool)
     .await
-    .map_err(StoreError::WriteFailed)?;
+    .map_err(|e| super::committed::noted(StoreError::WriteFailed(e)))?;
     let Some(row) = rows.first() else {
         return Ok(None);
     };
@@ -126,7 +126,8 @@ async fn locked_instance(
 
 /// The allocations of `requests` (a batch of different tags, see `storage::batch`) in one
 /// transaction of four round trips whatever their number: one statement locks every row, in
-/// one order on every node (bytewise), so two batches never wait for each other in a circle;
+/// the order of `requests` (which `storage::batch` sorts, and a node that locks its batch row
+/// by row follows too), so two batches never wait for each other in a circle;
 /// each request is planned as alone ([`LockedRow::allocate`]); one statement writes every row
 /// that moved.
 async fn allocate_batch(
@@ -135,11 +136,13 @@ async fn allocate_batch(
 ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
     super::committed::committed(&store.pool, |mut tx| async move {
         let tags: Vec<&str> = requests.iter().map(|(tag, _)| tag.as_str()).collect();
+        // Locked in the order of `tags` (FOR UPDATE locks rows as the sort hands them over).
         let rows = sqlx::query(concat!(
             "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split, ",
             instance_sql!(),
-            " AS instance FROM leaf_alloc WHERE biz_tag = ANY($1) \
-             ORDER BY biz_tag COLLATE \"C\" FOR UPDATE"
+            " AS instance FROM unnest($1::text[]) WITH ORDINALITY AS asked(tag, position) \
+             JOIN leaf_alloc ON leaf_alloc.biz_tag = asked.tag \
+             ORDER BY asked.position FOR UPDATE OF leaf_alloc"
         ))
         .bind(&tags)
         .fetch_all(&mut *tx)
