@@ -7,7 +7,9 @@
 /// locked row, whose `instance` column saves the round trip where the dialect can compute it
 /// in the lock statement; `$one_statement` an allocation made by one autocommitted statement
 /// where the grant allows it ([`super::Grant::single_statement`]; `None`: the row was not in
-/// that state, or the dialect cannot). The SQL texts bind, in order: `lock` the tag (a `SELECT … FOR
+/// that state, or the dialect cannot); `$allocate_many` a batch (`<store>::allocate_each`, which
+/// this macro writes, for a dialect that locks a batch row by row). The SQL texts bind, in
+/// order: `lock` the tag (a `SELECT … FOR
 /// UPDATE` of `biz_tag, max_id, step, description, writer, opaque, exclusive_max, split,
 /// instance`); `advance` the new max_id, the same again for
 /// `exclusive_max`, the writer, the tag; `insert` tag, max_id, the same again for
