@@ -58,10 +58,7 @@ fn clock_base() -> Instant {
 /// Returns `error`, noting when it says a connection was lost.
 pub(crate) fn noted(error: StoreError) -> StoreError {
     if let StoreError::Database(e) | StoreError::WriteFailed(e) = &error {
-        if matches!(
-            e,
-            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_)
-        ) {
+        if super::error::connection_lost(e) {
             let now = clock_base().elapsed().as_millis() as u64 + 1;
             CONNECTION_LOST_AT.store(now, Ordering::Relaxed);
         }

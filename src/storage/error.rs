@@ -113,15 +113,18 @@ impl StoreError {
 /// A connection lost or not had, or a database error [`taking_over`] names.
 fn transient(err: &sqlx::Error) -> bool {
     match err {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => taking_over(db.as_ref()),
-        _ => false,
+        other => connection_lost(other),
     }
+}
+
+/// A statement's connection broke under it (closed, cut, or speaking nonsense).
+pub(crate) fn connection_lost(err: &sqlx::Error) -> bool {
+    matches!(
+        err,
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)
+    )
 }
 
 /// True for the errors a database gives while it starts, stops or fails over, and for the
