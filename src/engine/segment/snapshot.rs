@@ -29,39 +29,20 @@ impl SegmentEngine {
     }
 
     /// Up to `count` tags named after `after`'s tag, sorted bytewise, and the cursor of the
-    /// next page (`0`: none). One pass over the map keeping the `count` smallest names: the
-    /// reply and the work stay bounded by `count`, not by the number of tags.
+    /// next page (`0`: none). The names come from the table's sorted index, so the work stays
+    /// bounded by `count`, not by the number of tags.
     pub fn snapshot_page(&self, after: &TagCursor, count: usize) -> (Vec<TagSnapshot>, String) {
-        let after = after.0.as_slice();
-        let shards = self.tags.shards();
-        let mut smallest: std::collections::BinaryHeap<&[u8]> =
-            std::collections::BinaryHeap::with_capacity(count + 1);
-        let mut more = false;
-        for name in shards.iter().flat_map(|shard| shard.keys()) {
-            let name: &[u8] = name;
-            if name <= after {
-                continue;
-            }
-            if smallest.len() < count {
-                smallest.push(name);
-            } else if smallest.peek().is_some_and(|largest| name < *largest) {
-                smallest.pop();
-                smallest.push(name);
-                more = true;
-            } else {
-                more = true;
-            }
-        }
-        let page: Vec<TagSnapshot> = smallest
-            .into_sorted_vec()
-            .into_iter()
+        let (names, more) = self.tags.names_after(&after.0, count);
+        // A name removed since the index was read is skipped.
+        let page: Vec<TagSnapshot> = names
+            .iter()
             .filter_map(|name| {
                 self.tags
                     .read(name, |entry| self.entry_snapshot(name, entry))
             })
             .collect();
-        let next = match (more, page.last()) {
-            (true, Some(last)) => TagCursor(last.tag.as_bytes().to_vec()).render(),
+        let next = match (more, names.last()) {
+            (true, Some(last)) => TagCursor(last.to_vec()).render(),
             _ => "0".to_string(),
         };
         (page, next)

@@ -1,8 +1,10 @@
 //! The tag map, read on every request without a lock: shards of immutable maps, each replaced
 //! whole when one of its tags is added, rebuilt or removed, so a change copies a shard, not every tag.
 
+use std::collections::BTreeSet;
 use std::hash::BuildHasher;
-use std::sync::Arc;
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::{ArcSwap, Guard};
 
@@ -11,7 +13,7 @@ use super::TagEntry;
 /// Tags are created only by admins and configuration, so the hash needs no defence against
 /// chosen collisions beyond foldhash's per-process seed; SipHash cost more than the rest of
 /// an INCR's lookup.
-type Shard = std::collections::HashMap<Box<[u8]>, Arc<TagEntry>, foldhash::fast::RandomState>;
+type Shard = std::collections::HashMap<Arc<[u8]>, Arc<TagEntry>, foldhash::fast::RandomState>;
 
 /// Shards of the map: with 1,000,000 tags a new tag copies about 16,000 entries, not all.
 const SHARDS: usize = 64;
@@ -20,6 +22,10 @@ pub(super) struct TagTable {
     shards: Box<[ArcSwap<Shard>]>,
     /// Picks a tag's shard (the shards' own maps hash with their own seed).
     hasher: foldhash::fast::RandomState,
+    /// Every tag's name in byte order (sharing the shards' copy), so a page of `LEAF.TAGS`
+    /// starts at its cursor without walking the tags before it. Changed only where a shard
+    /// is: admins, configuration and refreshes, never a request.
+    names: Mutex<BTreeSet<Arc<[u8]>>>,
 }
 
 impl Default for TagTable {
@@ -27,6 +33,7 @@ impl Default for TagTable {
         TagTable {
             shards: (0..SHARDS).map(|_| ArcSwap::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),
+            names: Mutex::default(),
         }
     }
 }
@@ -34,6 +41,10 @@ impl Default for TagTable {
 impl TagTable {
     fn shard_of(&self, tag: &[u8]) -> &ArcSwap<Shard> {
         &self.shards[self.hasher.hash_one(tag) as usize % SHARDS]
+    }
+
+    fn names(&self) -> MutexGuard<'_, BTreeSet<Arc<[u8]>>> {
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Calls `read` with `tag`'s entry, if the tag is known, without cloning anything.
@@ -49,28 +60,44 @@ impl TagTable {
 
     /// Adds `tag` with the entry `make` builds, unless it is known.
     pub fn insert_if_absent(&self, tag: &str, make: impl Fn() -> Arc<TagEntry>) {
+        let mut names = self.names();
+        let name = Self::name(&names, tag);
         self.shard_of(tag.as_bytes()).rcu(|shard| {
             let mut shard = Shard::clone(shard);
-            shard.entry(Box::from(tag.as_bytes())).or_insert_with(&make);
+            shard.entry(name.clone()).or_insert_with(&make);
             shard
         });
+        names.insert(name);
     }
 
     /// Sets `tag`'s entry, replacing any.
     pub fn insert(&self, tag: &str, entry: Arc<TagEntry>) {
+        let mut names = self.names();
+        let name = Self::name(&names, tag);
         self.shard_of(tag.as_bytes()).rcu(|shard| {
             let mut shard = Shard::clone(shard);
-            shard.insert(Box::from(tag.as_bytes()), entry.clone());
+            shard.insert(name.clone(), entry.clone());
             shard
         });
+        names.insert(name);
     }
 
     pub fn remove(&self, tag: &str) {
+        let mut names = self.names();
         self.shard_of(tag.as_bytes()).rcu(|shard| {
             let mut shard = Shard::clone(shard);
             shard.remove(tag.as_bytes());
             shard
         });
+        names.remove(tag.as_bytes());
+    }
+
+    /// `tag`'s name as the index holds it, or a new copy: one allocation per tag, shared.
+    fn name(names: &BTreeSet<Arc<[u8]>>, tag: &str) -> Arc<[u8]> {
+        names
+            .get(tag.as_bytes())
+            .cloned()
+            .unwrap_or_else(|| Arc::from(tag.as_bytes()))
     }
 
     /// Replaces every shard with the tags `entries` gives (read lazily: it may look up the
@@ -79,13 +106,28 @@ impl TagTable {
     /// not yet; never a tag half changed.
     pub fn replace_all<'a>(&self, entries: impl IntoIterator<Item = (&'a str, Arc<TagEntry>)>) {
         let mut shards: Vec<Shard> = (0..SHARDS).map(|_| Shard::default()).collect();
+        let mut names = Vec::new();
         for (tag, entry) in entries {
             let index = self.hasher.hash_one(tag.as_bytes()) as usize % SHARDS;
-            shards[index].insert(Box::from(tag.as_bytes()), entry);
+            let name: Arc<[u8]> = Arc::from(tag.as_bytes());
+            shards[index].insert(name.clone(), entry);
+            names.push(name);
         }
+        // Built from a sorted list, the tree's nodes are full: about 17 bytes a tag.
+        let names: BTreeSet<Arc<[u8]>> = names.into_iter().collect();
+        let mut index = self.names();
         for (slot, shard) in self.shards.iter().zip(shards) {
             slot.store(Arc::new(shard));
         }
+        *index = names;
+    }
+
+    /// Up to `count` names after `after` in byte order, and whether more follow.
+    pub fn names_after(&self, after: &[u8], count: usize) -> (Vec<Arc<[u8]>>, bool) {
+        let names = self.names();
+        let mut range = names.range::<[u8], _>((Bound::Excluded(after), Bound::Unbounded));
+        let page: Vec<Arc<[u8]>> = range.by_ref().take(count).cloned().collect();
+        (page, range.next().is_some())
     }
 
     pub fn len(&self) -> usize {
@@ -128,5 +170,33 @@ mod tests {
         assert_eq!(table.len(), 2);
         assert!(table.get(b"t1").is_none() && table.get(b"a").is_some());
         assert_eq!(table.read(b"b", |_| 1), Some(1));
+    }
+
+    #[test]
+    fn names_are_paged_in_byte_order_from_the_index() {
+        let table = TagTable::default();
+        for tag in ["b", "a", "B", "ab", "c"] {
+            table.insert_if_absent(tag, || TagEntry::new(None));
+        }
+        let names = |after: &[u8], count| {
+            let (page, more) = table.names_after(after, count);
+            let page: Vec<String> = page
+                .iter()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .collect();
+            (page, more)
+        };
+        assert_eq!(names(b"", 2), (vec!["B".into(), "a".into()], true));
+        assert_eq!(names(b"a", 2), (vec!["ab".into(), "b".into()], true));
+        assert_eq!(names(b"b", 2), (vec!["c".into()], false));
+        assert_eq!(names(b"c", 2), (vec![], false));
+        table.remove("ab");
+        table.insert("d", TagEntry::new(None));
+        assert_eq!(
+            names(b"a", 9),
+            (vec!["b".into(), "c".into(), "d".into()], false)
+        );
+        table.replace_all([("x", TagEntry::new(None))]);
+        assert_eq!(names(b"", 9), (vec!["x".into()], false));
     }
 }
