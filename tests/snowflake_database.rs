@@ -13,6 +13,7 @@ use leafd::app::App;
 use leafd::clock::{Clock, SystemClock};
 use leafd::config::{Config, CoordinatorKind};
 use leafd::engine::snowflake::Layout;
+use leafd::storage::Lease;
 
 fn node_config(url: &str, state: &tempfile::TempDir, lease_ms: u64) -> Config {
     let mut config = Config::default();
@@ -75,7 +76,10 @@ async fn nodes_share_one_lease_table(url: &str) {
         "owner names address and instance: {}",
         row.owner
     );
-    assert!(row.lease_until > row.db_now && row.fence_ms > 0, "{row:?}");
+    assert!(
+        matches!(row.lease, Lease::Timed(left) if left > 0) && row.fence_ms > 0,
+        "{row:?}"
+    );
     leases
         .release(row.worker_id, &row.owner, row.fence_ms)
         .await
@@ -108,7 +112,7 @@ async fn nodes_share_one_lease_table(url: &str) {
         .iter()
         .find(|r| r.worker_id == released as i64)
         .unwrap();
-    assert!(row.lease_until < row.db_now, "released at once: {row:?}");
+    assert!(!row.lease.live(), "released at once: {row:?}");
     let newcomer = App::open(node_config(url, &states[3], 2000)).await.unwrap();
     let newcomer_id = newcomer.snowflake().unwrap().worker_id();
     assert!(!ids[..2].contains(&newcomer_id), "{newcomer_id} vs {ids:?}");

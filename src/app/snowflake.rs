@@ -91,7 +91,7 @@ pub(super) async fn start_snowflake(
             })?;
             let endpoint = coord::identity::endpoint(None, config.resp_bind())
                 .unwrap_or_else(|_| config.resp_bind().to_string());
-            Box::new(coord::database::DatabaseCoordinator {
+            Box::new(coord::lease::LeaseCoordinator {
                 store,
                 endpoint,
                 max_worker_id: layout.max_worker_id(),
@@ -99,7 +99,6 @@ pub(super) async fn start_snowflake(
                 clock: clock.clone(),
                 state_file: config.storage.state_dir().join("snowflake-worker-db.json"),
                 layout: Arc::new(layout),
-                kind: "database",
                 link: None,
             })
         }
@@ -109,7 +108,7 @@ pub(super) async fn start_snowflake(
             let link = leases.status.clone();
             let endpoint = coord::identity::endpoint(None, config.resp_bind())
                 .unwrap_or_else(|_| config.resp_bind().to_string());
-            Box::new(coord::database::DatabaseCoordinator {
+            Box::new(coord::lease::LeaseCoordinator {
                 store: Arc::new(leases),
                 endpoint,
                 max_worker_id: layout.max_worker_id(),
@@ -120,7 +119,6 @@ pub(super) async fn start_snowflake(
                     .state_dir()
                     .join("snowflake-worker-etcd.json"),
                 layout: Arc::new(layout),
-                kind: "etcd",
                 link: Some(link),
             })
         }

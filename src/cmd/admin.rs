@@ -255,7 +255,7 @@ pub async fn workers(ctx: &Arc<Context>) -> Reply {
                         ("owner", Reply::bulk(row.owner)),
                         (
                             "lease_ms_left",
-                            Reply::Integer((row.lease_until - row.db_now).max(0)),
+                            Reply::Integer(row.lease.left_ms().unwrap_or(0).max(0)),
                         ),
                         ("fence_ms", Reply::Integer(row.fence_ms)),
                     ])

@@ -1,12 +1,12 @@
-//! Snowflake worker ids and the time fence: one [`Coordinator`] trait, one implementation per
-//! backend (static, ZooKeeper, database leases), and [`start`], which makes any of them safe across restarts.
+//! Snowflake worker ids and the time fence: one [`Coordinator`] trait, implemented by the static
+//! id, ZooKeeper and the lease coordinator (leases in the database or etcd), and [`start`], which makes any of them
+//! safe across restarts.
 
-pub mod cache;
-pub mod database;
 pub mod etcd;
 pub mod fence;
 pub mod fence_file;
 pub mod identity;
+pub mod lease;
 mod limit;
 mod renewal;
 pub mod static_id;

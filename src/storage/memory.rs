@@ -6,14 +6,17 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{Grant, LeafAlloc, NewTag, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
+use super::{
+    Grant, LeafAlloc, Lease, LeaseKeeper, NewTag, SegmentStore, StoreError, WorkerLeaseStore,
+    WorkerRow,
+};
 
 #[derive(Default)]
 pub struct MemoryStore {
     rows: Mutex<BTreeMap<String, LeafAlloc>>,
     /// `leaf_worker`, for the database coordinator in tests (the system clock stands in for
     /// the database's).
-    workers: Mutex<BTreeMap<i64, WorkerRow>>,
+    workers: Mutex<BTreeMap<i64, HeldRow>>,
     /// The snowflake layout recorded for the worker ids.
     layout: Mutex<Option<String>>,
 }
@@ -199,8 +202,25 @@ impl SegmentStore for MemoryStore {
     async fn close(&self) {}
 }
 
+/// A worker id's lease in memory: its holder, the end (UNIX ms) and the fence.
+#[derive(Debug, Default)]
+struct HeldRow {
+    owner: String,
+    lease_until: i64,
+    fence_ms: i64,
+}
+
 #[async_trait]
 impl WorkerLeaseStore for MemoryStore {
+    fn keeper(&self) -> LeaseKeeper {
+        LeaseKeeper::DATABASE
+    }
+
+    /// One process's memory is never replaced under it.
+    async fn instance_changed_within(&self, _window_ms: i64) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
     async fn claim(
         &self,
         worker_id: i64,
@@ -209,13 +229,7 @@ impl WorkerLeaseStore for MemoryStore {
     ) -> Result<Option<i64>, StoreError> {
         let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
         let now = now_ms();
-        let row = workers.entry(worker_id).or_insert_with(|| WorkerRow {
-            worker_id,
-            owner: String::new(),
-            lease_until: 0,
-            fence_ms: 0,
-            db_now: now,
-        });
+        let row = workers.entry(worker_id).or_default();
         if row.lease_until >= now {
             return Ok(None);
         }
@@ -255,10 +269,12 @@ impl WorkerLeaseStore for MemoryStore {
         let now = now_ms();
         let workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
         Ok(workers
-            .values()
-            .map(|row| WorkerRow {
-                db_now: now,
-                ..row.clone()
+            .iter()
+            .map(|(&worker_id, row)| WorkerRow {
+                worker_id,
+                owner: row.owner.clone(),
+                lease: Lease::Timed(row.lease_until - now),
+                fence_ms: row.fence_ms,
             })
             .collect())
     }

@@ -159,32 +159,88 @@ pub trait SegmentStore: Send + Sync + 'static {
     fn worker_leases(self: Arc<Self>) -> Option<Arc<dyn WorkerLeaseStore>>;
 }
 
-/// One row of `leaf_worker`.
+/// One worker id's lease, as its store keeps it (a row of `leaf_worker`, or etcd's keys).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerRow {
     pub worker_id: i64,
     pub owner: String,
-    /// UNIX ms, database time.
-    pub lease_until: i64,
+    pub lease: Lease,
     /// UNIX ms, the holder's clock: no ID of it carries a later timestamp.
     pub fence_ms: i64,
-    /// The database's clock when the row was read (UNIX ms).
-    pub db_now: i64,
+}
+
+/// A worker id's lease when it was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// Ends this many ms later by the store's clock; negative: ended that long ago.
+    Timed(i64),
+    /// Held while its holder keeps it alive; the store keeps no end time (etcd).
+    KeptAlive,
+    /// Not held, and the store keeps no time it ended (etcd).
+    Ended,
+}
+
+impl Lease {
+    /// Someone may be issuing IDs with the worker id.
+    pub fn live(self) -> bool {
+        match self {
+            Lease::Timed(left) => left >= 0,
+            Lease::KeptAlive => true,
+            Lease::Ended => false,
+        }
+    }
+
+    /// What is left of a lease with an end time.
+    pub fn left_ms(self) -> Option<i64> {
+        match self {
+            Lease::Timed(left) => Some(left),
+            Lease::KeptAlive | Lease::Ended => None,
+        }
+    }
+
+    /// How long ago an ended lease ended, as far as the store knows (no time: the longest).
+    pub fn ended_ms_ago(self) -> Option<i64> {
+        match self {
+            Lease::Timed(left) if left < 0 => Some(-left),
+            Lease::Ended => Some(i64::MAX),
+            _ => None,
+        }
+    }
+}
+
+/// Who keeps a store's worker-id leases, as the coordinator's messages and INFO name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseKeeper {
+    /// The coordinator's name (`snowflake.coordinator`): `database` or `etcd`.
+    pub kind: &'static str,
+    /// As a sentence names it: "the database", "etcd".
+    pub holder: &'static str,
+    /// Where the leases are: `leaf_worker`, `etcd`.
+    pub place: &'static str,
+}
+
+impl LeaseKeeper {
+    /// `leaf_worker` in the segment database.
+    pub const DATABASE: LeaseKeeper = LeaseKeeper {
+        kind: "database",
+        holder: "the database",
+        place: "leaf_worker",
+    };
 }
 
 /// Snowflake worker-id leases in `leaf_worker`; each method's change commits at once (one
 /// transaction), and expiry is judged by the database's clock, never the node's.
 #[async_trait]
 pub trait WorkerLeaseStore: Send + Sync + 'static {
+    /// Who keeps the leases.
+    fn keeper(&self) -> LeaseKeeper;
+
     /// True when the database instance answering differs from the one that answered the
     /// previous call, or became the one within the last `window_ms` (database time), or the
     /// table lost its rows within it (row −1 missing, or a deleted row claimed again): a holder
     /// the table no longer shows may still be issuing. Records the instance answering (and
     /// row −3 again when the table lost it).
-    async fn instance_changed_within(&self, window_ms: i64) -> Result<bool, StoreError> {
-        let _ = window_ms;
-        Ok(false)
-    }
+    async fn instance_changed_within(&self, window_ms: i64) -> Result<bool, StoreError>;
 
     /// Takes `worker_id` for `owner` for `lease_ms` if the row does not exist yet (`Some(0)`)
     /// or its lease has expired (`Some(previous fence)`); `None` when another owner holds it.

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::runtime::Handle;
 
-use super::{Grant, LeafAlloc, NewTag, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow};
+use super::{
+    Grant, LeafAlloc, LeaseKeeper, NewTag, SegmentStore, StoreError, WorkerLeaseStore, WorkerRow,
+};
 
 /// Runs the calls of `inner` as tasks on `runtime`. Without it, a pooled connection opened
 /// during a command on a connection thread would be registered with that thread's event loop:
@@ -151,6 +153,10 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
 
 #[async_trait]
 impl WorkerLeaseStore for OnRuntime<dyn WorkerLeaseStore> {
+    fn keeper(&self) -> LeaseKeeper {
+        self.inner.keeper()
+    }
+
     async fn instance_changed_within(&self, window_ms: i64) -> Result<bool, StoreError> {
         self.run(|s| async move { s.instance_changed_within(window_ms).await })
             .await

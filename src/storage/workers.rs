@@ -35,6 +35,10 @@ macro_rules! worker_lease_store {
 
         #[async_trait::async_trait]
         impl $crate::storage::WorkerLeaseStore for $store {
+            fn keeper(&self) -> $crate::storage::LeaseKeeper {
+                $crate::storage::LeaseKeeper::DATABASE
+            }
+
             async fn instance_changed_within(
                 &self,
                 window_ms: i64,
@@ -323,9 +327,8 @@ macro_rules! worker_lease_store {
                         $crate::storage::WorkerRow {
                             worker_id,
                             owner,
-                            lease_until,
+                            lease: $crate::storage::Lease::Timed(lease_until - db_now),
                             fence_ms,
-                            db_now,
                         }
                     })
                     .collect())

@@ -23,7 +23,7 @@ use gateway::{absent, b64, int_field, put, unavailable, value_is, Gateway, Kv};
 
 use super::LinkStatus;
 use crate::config::EtcdConfig;
-use crate::storage::{StoreError, WorkerLeaseStore, WorkerRow};
+use crate::storage::{Lease, LeaseKeeper, StoreError, WorkerLeaseStore, WorkerRow};
 
 /// The etcd keys of one leafd cluster, and the etcd lease of each owner this process holds.
 pub struct EtcdLeases {
@@ -118,6 +118,14 @@ fn fence_in(responses: &[Value]) -> Option<i64> {
 
 #[async_trait]
 impl WorkerLeaseStore for EtcdLeases {
+    fn keeper(&self) -> LeaseKeeper {
+        LeaseKeeper {
+            kind: "etcd",
+            holder: "etcd",
+            place: "etcd",
+        }
+    }
+
     /// A new, wiped or restored etcd (see [`identity`]): the claimant waits a whole lease.
     async fn instance_changed_within(&self, window_ms: i64) -> Result<bool, StoreError> {
         self.store_went_back_within(window_ms).await
@@ -263,23 +271,21 @@ impl WorkerLeaseStore for EtcdLeases {
                 WorkerRow {
                     worker_id: id,
                     owner: value.as_ref().map(|v| v.owner.clone()).unwrap_or_default(),
-                    lease_until: 0,
+                    lease: Lease::Ended,
                     fence_ms: value.map_or(0, |v| v.fence_ms),
-                    db_now: 1,
                 },
             );
         }
-        // etcd has no clock to compare with: a live alive key reads as a lease not yet ended.
+        // etcd keeps no end time: an alive key is a lease its holder keeps alive.
         for (id, owner) in alive {
             let row = rows.entry(id).or_insert(WorkerRow {
                 worker_id: id,
                 owner: owner.clone(),
-                lease_until: 0,
+                lease: Lease::KeptAlive,
                 fence_ms: 0,
-                db_now: 1,
             });
             row.owner = owner;
-            row.lease_until = 2;
+            row.lease = Lease::KeptAlive;
         }
         let mut rows: Vec<WorkerRow> = rows.into_values().collect();
         rows.sort_by_key(|r| r.worker_id);

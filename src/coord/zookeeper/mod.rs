@@ -2,6 +2,7 @@
 //! `forever/{ip}:{port}-{id}` (persistent: last report and fence) and `alive/{id}` (ephemeral:
 //! the lock that makes a worker id one session's at a time).
 
+mod cache;
 mod layout;
 mod registry;
 mod supervisor;
@@ -145,7 +146,7 @@ pub async fn acquire(
 /// the only ones it can be sure of. A cache without a fence or of another layout proves nothing.
 fn cache_start(
     registry: &Registry,
-    cached: &super::cache::CachedWorker,
+    cached: &cache::CachedWorker,
     unreachable: &zookeeper_client::Error,
 ) -> Result<u64, CoordError> {
     let refuse = |why: String| {

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, Stat};
 
-use super::super::cache::{self, CachedWorker};
 use super::super::CoordError;
+use super::cache::{self, CachedWorker};
 use crate::clock::Clock;
 use crate::config::ZookeeperConfig;
 

@@ -1,5 +1,5 @@
-//! The database coordinator: worker ids leased from `leaf_worker` in the segment database,
-//! expiry judged by the database's clock, the holder's fence kept in its row. No ZooKeeper.
+//! The lease coordinator: worker ids leased from a worker-lease store (`leaf_worker` in the
+//! segment database, or etcd), the holder's fence kept with its lease. No ZooKeeper.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ struct Previous {
     worker_id: u64,
 }
 
-pub struct DatabaseCoordinator {
+pub struct LeaseCoordinator {
     pub store: Arc<dyn WorkerLeaseStore>,
     /// This node's address; the owner recorded in the row adds a per-process instance id.
     pub endpoint: String,
@@ -34,13 +34,11 @@ pub struct DatabaseCoordinator {
     pub state_file: PathBuf,
     /// The snowflake layout this node issues in; the table records the cluster's.
     pub layout: Arc<dyn LayoutRecord>,
-    /// `database`, or `etcd` for the same leases kept in etcd ([`super::etcd`]).
-    pub kind: &'static str,
     /// The link to a lease service other than the database (INFO, metrics).
     pub link: Option<Arc<super::LinkStatus>>,
 }
 
-impl DatabaseCoordinator {
+impl LeaseCoordinator {
     fn renew_interval(&self) -> Duration {
         Duration::from_millis((self.lease_ms / 5).max(50))
     }
@@ -53,20 +51,12 @@ impl DatabaseCoordinator {
 
     /// Who holds the leases, as a sentence names it.
     fn holder(&self) -> &'static str {
-        if self.kind == "etcd" {
-            "etcd"
-        } else {
-            "the database"
-        }
+        self.store.keeper().holder
     }
 
     /// Where the leases are, as messages name it.
     fn table(&self) -> &'static str {
-        if self.kind == "etcd" {
-            "etcd"
-        } else {
-            "leaf_worker"
-        }
+        self.store.keeper().place
     }
 
     fn previous(&self) -> Option<u64> {
@@ -108,7 +98,7 @@ impl DatabaseCoordinator {
             let rows = self.store.workers().await.map_err(db)?;
             let live: Vec<i64> = rows
                 .iter()
-                .filter(|r| r.lease_until >= r.db_now)
+                .filter(|r| r.lease.live())
                 .map(|r| r.worker_id)
                 .collect();
             if !live.is_empty() {
@@ -147,12 +137,13 @@ impl DatabaseCoordinator {
         // after the table loses its rows this node would wait too little for that holder.
         if let Some(longer) = rows
             .iter()
-            .filter(|r| r.lease_until - r.db_now > self.lease_ms as i64)
-            .max_by_key(|r| r.lease_until - r.db_now)
+            .filter_map(|r| Some((r, r.lease.left_ms()?)))
+            .filter(|(_, left)| *left > self.lease_ms as i64)
+            .max_by_key(|(_, left)| *left)
         {
             tracing::warn!(
-                worker_id = longer.worker_id,
-                left_ms = longer.lease_until - longer.db_now,
+                worker_id = longer.0.worker_id,
+                left_ms = longer.1,
                 lease_ms = self.lease_ms,
                 "another node holds a longer worker-id lease than this node's: every node must run the same lease length, or a claim after the lease table lost its rows may not wait long enough"
             );
@@ -162,16 +153,16 @@ impl DatabaseCoordinator {
         ids.extend((0..=self.max_worker_id).filter(|id| !used.contains(&(*id as i64))));
         let mut expired: Vec<_> = rows
             .iter()
-            .filter(|r| r.lease_until < r.db_now && r.worker_id as u64 <= self.max_worker_id)
+            .filter(|r| !r.lease.live() && r.worker_id as u64 <= self.max_worker_id)
             .collect();
-        expired.sort_by_key(|r| r.lease_until);
+        expired.sort_by_key(|r| std::cmp::Reverse(r.lease.ended_ms_ago()));
         ids.extend(expired.iter().map(|r| r.worker_id as u64));
         ids.dedup();
         Ok(ids)
     }
 }
 
-impl DatabaseCoordinator {
+impl LeaseCoordinator {
     /// Every id is leased, but this node held one before it restarted (its state file says
     /// which): that lease is most likely its own, run out within a lease of the crash. Waits
     /// for it (a lease and a renewal interval at most), logged, instead of failing the start.
@@ -214,9 +205,9 @@ fn db(e: crate::storage::StoreError) -> CoordError {
 }
 
 #[async_trait]
-impl Coordinator for DatabaseCoordinator {
+impl Coordinator for LeaseCoordinator {
     fn kind(&self) -> &'static str {
-        self.kind
+        self.store.keeper().kind
     }
 
     fn status(&self) -> Option<Arc<dyn super::CoordinatorStatus>> {
@@ -406,7 +397,7 @@ impl HeldWorker for DatabaseWorker {
 mod tests {
     use super::*;
     use crate::clock::SystemClock;
-    use crate::storage::{MemoryStore, StoreError, WorkerRow};
+    use crate::storage::{LeaseKeeper, MemoryStore, StoreError, WorkerRow};
 
     /// A table where another node of layout `to` wins the race for the record just as this node
     /// claims its id (this node paused between its layout check and its claim).
@@ -417,6 +408,12 @@ mod tests {
 
     #[async_trait]
     impl WorkerLeaseStore for SwitchedOnClaim {
+        fn keeper(&self) -> LeaseKeeper {
+            LeaseKeeper::DATABASE
+        }
+        async fn instance_changed_within(&self, window: i64) -> Result<bool, StoreError> {
+            self.inner.instance_changed_within(window).await
+        }
         async fn claim(&self, id: i64, owner: &str, lease: i64) -> Result<Option<i64>, StoreError> {
             let current = self.inner.record_layout(Some(&self.to), &self.to).await?;
             self.inner
@@ -473,7 +470,7 @@ mod tests {
             to: "the other layout".into(),
         });
         let dir = tempfile::tempdir().unwrap();
-        let coordinator = DatabaseCoordinator {
+        let coordinator = LeaseCoordinator {
             store,
             endpoint: "127.0.0.1:6380".into(),
             max_worker_id: 3,
@@ -481,7 +478,6 @@ mod tests {
             clock: Arc::new(SystemClock),
             state_file: dir.path().join("worker.json"),
             layout: Arc::new(Fixed("this layout")),
-            kind: "database",
             link: None,
         };
         let err = match coordinator.acquire(Arc::new(IssueLimit::new())).await {
@@ -494,6 +490,6 @@ mod tests {
         );
         // The lease it took is given back at once.
         let rows = inner.workers().await.unwrap();
-        assert!(rows.iter().all(|r| r.lease_until < r.db_now), "{rows:?}");
+        assert!(rows.iter().all(|r| !r.lease.live()), "{rows:?}");
     }
 }
