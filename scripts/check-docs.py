@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 import unicodedata
 import urllib.parse
 from pathlib import Path
@@ -488,16 +489,12 @@ def parse_doc_default(cell):
 
 
 def parse_toml_value(value):
+    """A TOML value as Python reads it (lists, strings, numbers); text that is not one stays text."""
     value = value.strip()
-    if value.startswith('"') and value.endswith('"'):
-        return value[1:-1]
-    if value == "[]":
-        return []
-    if value in ("true", "false"):
-        return value == "true"
-    if re.fullmatch(r"-?[0-9_]+", value):
-        return int(value.replace("_", ""))
-    return value
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
 
 
 def shown(value):
