@@ -335,7 +335,7 @@ impl Coordinator for LeaseCoordinator {
             stop: stop.clone(),
         };
         let task = tokio::spawn(renewal.run());
-        Ok(Box::new(DatabaseWorker {
+        Ok(Box::new(LeaseWorker {
             store: self.store.clone(),
             owner,
             worker_id,
@@ -347,7 +347,7 @@ impl Coordinator for LeaseCoordinator {
     }
 }
 
-struct DatabaseWorker {
+struct LeaseWorker {
     store: Arc<dyn WorkerLeaseStore>,
     owner: String,
     worker_id: u64,
@@ -358,7 +358,7 @@ struct DatabaseWorker {
 }
 
 #[async_trait]
-impl HeldWorker for DatabaseWorker {
+impl HeldWorker for LeaseWorker {
     fn worker_id(&self) -> u64 {
         self.worker_id
     }

@@ -1,4 +1,4 @@
-//! Worker-id leases in etcd: the database coordinator's rules ([`super::database`]) over keys of
+//! Worker-id leases in etcd: the lease coordinator's rules ([`super::lease`]) over keys of
 //! etcd's v3 JSON gateway, a worker id held by a key bound to an etcd lease, its fence kept apart.
 //!
 //! Under `{root}/{cluster}/`: `alive/{id}` holds the owner and lives on the owner's etcd lease
