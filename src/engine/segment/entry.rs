@@ -20,23 +20,69 @@ pub struct TagBuffer {
     /// concurrent allocations could otherwise arrive out of order and look like a rollback,
     /// and a real rollback between two in-flight allocations could go unseen.
     pub(super) allocating: tokio::sync::Mutex<()>,
-    /// The permutation its IDs go through before they are handed out (opaque IDs).
-    pub(super) opaque: Option<Arc<OpaqueCipher>>,
-    /// The database confirmed that this tag serves opaque IDs under this key.
+    /// How the tag hands out IDs.
+    pub(super) kind: TagKind,
+    /// The database confirmed that this tag serves opaque IDs under its key.
     pub(super) opaque_claimed: std::sync::atomic::AtomicBool,
-    /// `order = "strict"`: every request allocates in the table, batched ([`strict`]); the
-    /// buffers stay empty, so the fast paths never serve it.
-    pub(super) strict: bool,
     /// Strict requests waiting for the next allocation of the tag.
     pub(super) strict_waiting: Mutex<Vec<strict::Waiting>>,
-    /// A sequence that restarts each period (served strict).
-    pub(super) period: Option<Arc<PeriodRule>>,
     /// The period whose sequence numbers this node saw run out (0: none): no allocation is
     /// asked for until the node's clock reaches the next period.
     pub(super) period_exhausted: std::sync::atomic::AtomicI64,
     /// For a tag this node does not configure: the rule record it was built from (the row's),
     /// so a changed record builds it anew. `None` for a configured tag.
     pub(super) followed: Option<Option<String>>,
+}
+
+/// How a tag hands out IDs on a node: one of three kinds, so a combination the configuration
+/// refuses (opaque IDs of a strict or period tag) cannot be built.
+pub(super) enum TagKind {
+    /// From buffered segments, trend-increasing; through the permutation when the tag hands
+    /// out opaque IDs.
+    Trend { opaque: Option<Arc<OpaqueCipher>> },
+    /// Every request served from an allocation made after it arrived, batched ([`strict`]);
+    /// the buffers stay empty, so the fast paths never serve it.
+    Strict,
+    /// A sequence that restarts each period, served strict.
+    Period(Arc<PeriodRule>),
+}
+
+impl TagKind {
+    /// The kind `rule` gives, with `opaque` when the tag is configured opaque. The
+    /// configuration refuses an opaque strict or period tag; were one built anyway, it is
+    /// served as opaque trend, which the row's record then refuses (`order = "strict"` or a
+    /// period recorded): its IDs would not be served, never served twice.
+    pub(super) fn of(rule: TagRule, opaque: Option<Arc<OpaqueCipher>>) -> TagKind {
+        match (rule, opaque) {
+            (_, Some(cipher)) => TagKind::Trend {
+                opaque: Some(cipher),
+            },
+            (TagRule::Trend, None) => TagKind::Trend { opaque: None },
+            (TagRule::Strict, None) => TagKind::Strict,
+            (TagRule::Period(rule), None) => TagKind::Period(rule),
+        }
+    }
+
+    /// Served strict (every request from an allocation made after it arrived).
+    #[inline]
+    pub(super) fn strict(&self) -> bool {
+        !matches!(self, TagKind::Trend { .. })
+    }
+
+    pub(super) fn period(&self) -> Option<&Arc<PeriodRule>> {
+        match self {
+            TagKind::Period(rule) => Some(rule),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    pub(super) fn opaque(&self) -> Option<&Arc<OpaqueCipher>> {
+        match self {
+            TagKind::Trend { opaque } => opaque.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 impl TagBuffer {
@@ -57,16 +103,11 @@ impl TagBuffer {
             }),
             loaded: watch::Sender::new(0),
             allocating: tokio::sync::Mutex::new(()),
-            opaque: settings.opaque_of(name),
             opaque_claimed: std::sync::atomic::AtomicBool::new(false),
-            strict: !matches!(rule, TagRule::Trend),
             strict_waiting: Mutex::new(Vec::new()),
-            period: match &rule {
-                TagRule::Period(period) => Some(period.clone()),
-                _ => None,
-            },
             period_exhausted: std::sync::atomic::AtomicI64::new(0),
             followed: follows.then(|| rule.record()),
+            kind: TagKind::of(rule, settings.opaque_of(name)),
         }
     }
 
@@ -83,7 +124,7 @@ impl TagBuffer {
     /// the opaque range: the tag's IDs are exhausted). Inlined: every INCR passes here.
     #[inline]
     pub(super) fn handed_out(&self, last: i64) -> Option<i64> {
-        match &self.opaque {
+        match self.kind.opaque() {
             None => Some(last),
             Some(cipher) => cipher.encode(last),
         }
@@ -98,7 +139,7 @@ impl TagBuffer {
 
     /// Opaque IDs are handed out one at a time: a block of them is not a range.
     pub(super) fn refuses_count(&self, n: i64) -> Option<SegmentError> {
-        (n != 1 && self.opaque.is_some()).then(|| {
+        (n != 1 && self.kind.opaque().is_some()).then(|| {
             SegmentError::Invalid(format!(
                 "tag '{}' hands out opaque IDs, one per request: a block of {n} is not a range of IDs (use INCR)",
                 self.name

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::period::same_rule;
 use super::step;
 use super::{
-    BufferState, Interleave, LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer,
+    BufferState, Interleave, LoadFailure, Segment, SegmentEngine, SegmentError, TagBuffer, TagKind,
 };
 use crate::storage::{Grant, LeafAlloc, SeenRow, StoreError};
 
@@ -89,7 +89,7 @@ impl SegmentEngine {
                     tracing::info!(tag = %buffer.name, "segment loads succeed again");
                 }
                 st.allocated(alloc.max_id);
-                if buffer.strict {
+                if buffer.kind.strict() {
                     // No segment is installed for a strict tag: LEAF.TAGS shows the row's step.
                     st.step = alloc.step;
                     st.table_step = alloc.step;
@@ -168,7 +168,7 @@ impl SegmentEngine {
         buffer: &TagBuffer,
         step: Option<i64>,
     ) -> Result<Result<LeafAlloc, LoadFailure>, StoreError> {
-        if let Some(cipher) = buffer.opaque.as_ref() {
+        if let Some(cipher) = buffer.kind.opaque() {
             if !buffer.opaque_claimed.load(Ordering::Acquire) {
                 let (marker, max_id) = self
                     .store
@@ -183,8 +183,8 @@ impl SegmentEngine {
         let grant = Grant {
             step,
             failover_margin: self.settings.failover_margin,
-            window: buffer.period.as_ref().map(|rule| rule.window()),
-            period_rule: buffer.period.as_ref().map(|rule| rule.marker().into()),
+            window: buffer.kind.period().map(|rule| rule.window()),
+            period_rule: buffer.kind.period().map(|rule| rule.marker().into()),
             seen: self.seen_row(buffer),
         };
         // Read before the allocation: a mark another live process wrote after it began may be
@@ -198,7 +198,7 @@ impl SegmentEngine {
             }
         };
         let alloc = match self
-            .allocate_retrying(&buffer.name, grant, !buffer.strict)
+            .allocate_retrying(&buffer.name, grant, !buffer.kind.strict())
             .await
         {
             // Refused before anything moved: the row records another period rule. A node
@@ -224,17 +224,17 @@ impl SegmentEngine {
             return Ok(Err(refused));
         }
         let interleave = buffer.lock().interleave;
-        let checked = match (&buffer.period, buffer.strict) {
-            (Some(rule), _) => {
+        let checked = match &buffer.kind {
+            TagKind::Period(rule) => {
                 let (marker, record) = (rule.marker(), rule.record());
                 self.rule_check(&buffer.name, &marker, &record, &alloc)
                     .await?
             }
-            (None, true) => {
+            TagKind::Strict => {
                 self.rule_check(&buffer.name, STRICT_MARKER, STRICT_MARKER, &alloc)
                     .await?
             }
-            (None, false) => self.split_check(&buffer.name, interleave, &alloc).await?,
+            TagKind::Trend { .. } => self.split_check(&buffer.name, interleave, &alloc).await?,
         };
         if let Err(refused) = checked {
             // A node that serves the tag by its row's record follows a changed record from
@@ -258,7 +258,7 @@ impl SegmentEngine {
     /// still shows it, the store may allocate in one statement ([`Grant::single_statement`]).
     /// The first allocation after a start reads the whole row.
     fn seen_row(&self, buffer: &TagBuffer) -> Option<SeenRow> {
-        if !buffer.strict || buffer.period.is_some() || buffer.opaque.is_some() {
+        if !matches!(buffer.kind, TagKind::Strict) {
             return None;
         }
         let step = buffer.lock().table_step;
@@ -493,7 +493,7 @@ fn opaque_claim_result(
 /// tag that once served opaque IDs serves only plain IDs above all of them.
 fn opaque_range_check(buffer: &TagBuffer, alloc: &LeafAlloc) -> Result<(), LoadFailure> {
     let from = alloc.first;
-    match (&buffer.opaque, alloc.opaque.as_deref()) {
+    match (buffer.kind.opaque(), alloc.opaque.as_deref()) {
         // Past the last position with an opaque ID: no further range is worth loading.
         (Some(cipher), _) if from >= cipher.capacity() => Err(LoadFailure::Exhausted),
         (Some(cipher), stored) => opaque_claim_result(cipher, stored, alloc.max_id),

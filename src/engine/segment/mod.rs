@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 pub use buffer::{store_reason, BufferState, Interleave, LoadFailure, Segment};
 pub use entry::TagBuffer;
-use entry::TagEntry;
+use entry::{TagEntry, TagKind};
 pub use load::LoadObserver;
 pub use opaque::OpaqueCipher;
 pub use period::{Calendar, PeriodRule};
@@ -202,7 +202,7 @@ impl SegmentEngine {
         self.tags
             .read(tag, |entry| {
                 let buffer = entry.loaded()?;
-                if n != 1 && buffer.opaque.is_some() {
+                if n != 1 && buffer.kind.opaque().is_some() {
                     return None;
                 }
                 buffer.handed_out(self.take_from_buffers(buffer, n)?)
@@ -224,8 +224,7 @@ impl SegmentEngine {
             .tags
             .read(tag, |entry| {
                 let buffer = entry.loaded()?;
-                let plain_strict =
-                    buffer.strict && buffer.opaque.is_none() && buffer.period.is_none();
+                let plain_strict = matches!(buffer.kind, TagKind::Strict);
                 (plain_strict && n >= 1).then(|| buffer.clone())
             })
             .flatten()?;
@@ -239,7 +238,7 @@ impl SegmentEngine {
             Some(buffer) => buffer,
             None => self.lookup_after_refresh(tag).await?,
         };
-        let Some(rule) = buffer.period.clone() else {
+        let Some(rule) = buffer.kind.period().cloned() else {
             return Err(SegmentError::Invalid(format!(
                 "tag '{}' has no period: LEAF.CODE serves the tags configured with one (INCR serves every tag)",
                 shown(tag)
@@ -258,7 +257,7 @@ impl SegmentEngine {
         // Fast path: the tag map is read without cloning anything, and the clock is not read.
         let found = self.tags.read(tag.as_bytes(), |entry| {
             let buffer = entry.buffer(tag, &self.settings);
-            match buffer.opaque {
+            match buffer.kind.opaque() {
                 None => self.take_from_buffers(buffer, n).ok_or(buffer),
                 Some(_) => Err(buffer),
             }
@@ -272,7 +271,7 @@ impl SegmentEngine {
         if let Some(refused) = buffer.refuses_count(n) {
             return Err(refused);
         }
-        if buffer.strict {
+        if buffer.kind.strict() {
             return self.next_strict(&buffer, n).await;
         }
         let deadline = tokio::time::Instant::now() + self.settings.load_timeout;

@@ -98,10 +98,14 @@ fn snapshot_of(buffer: &TagBuffer) -> TagSnapshot {
     let st = buffer.lock();
     TagSnapshot {
         tag: buffer.name.to_string(),
-        order: if buffer.strict { "strict" } else { "trend" },
+        order: if buffer.kind.strict() {
+            "strict"
+        } else {
+            "trend"
+        },
         split: st.interleave.marker(),
-        opaque: buffer.opaque.as_ref().map(|c| c.marker().to_string()),
-        period: buffer.period.as_ref().map(|rule| rule.describe()),
+        opaque: buffer.kind.opaque().map(|c| c.marker().to_string()),
+        period: buffer.kind.period().map(|rule| rule.describe()),
         step: st.step,
         table_step: st.table_step,
         max_id: st.max_id,

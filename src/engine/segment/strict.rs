@@ -89,7 +89,7 @@ impl SegmentEngine {
         self.stats
             .request_waits
             .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        if let Some(rule) = &buffer.period {
+        if let Some(rule) = buffer.kind.period() {
             if let Err(error) = self.enter_period(buffer, rule).await {
                 for waiting in batch {
                     let _ = waiting.reply.send(Err(error.clone()));
@@ -163,7 +163,7 @@ impl SegmentEngine {
         max_id: i64,
         left: i64,
     ) -> Vec<Waiting> {
-        let Some(rule) = &buffer.period else {
+        let Some(rule) = buffer.kind.period() else {
             return batch;
         };
         {
@@ -194,7 +194,7 @@ impl SegmentEngine {
 
     /// The row's period (at `position`) has no number left: refused until the next period.
     fn period_used_up(&self, buffer: &TagBuffer, position: i64) -> SegmentError {
-        let Some(rule) = &buffer.period else {
+        let Some(rule) = buffer.kind.period() else {
             return SegmentError::Exhausted(buffer.name.to_string());
         };
         let period = rule.period_of(position);
@@ -210,7 +210,7 @@ impl SegmentEngine {
     /// period tag's date and sequence when the whole block lies within one period's numbers
     /// (the allocation's window makes sure of it; checked again here).
     fn strict_id(&self, buffer: &TagBuffer, first: i64, last: i64) -> Result<i64, SegmentError> {
-        let Some(rule) = &buffer.period else {
+        let Some(rule) = buffer.kind.period() else {
             return Ok(last);
         };
         match (rule.id_at(first), rule.id_at(last)) {

@@ -287,7 +287,7 @@ impl SegmentEngine {
         };
         if let Some(rule) = known
             .as_ref()
-            .and_then(|b| b.period.clone())
+            .and_then(|b| b.kind.period().cloned())
             .filter(|r| same(r))
         {
             let floor = rule.first_position(rule.period_at(self.clock.now_millis()));
