@@ -5,6 +5,7 @@ mod admin;
 mod connection;
 pub(crate) mod glob;
 mod key;
+mod pipeline;
 mod segment;
 mod server;
 mod snowflake;
@@ -12,6 +13,7 @@ pub mod table;
 mod transaction;
 
 pub use connection::client_line;
+pub use pipeline::{execute_pipelined, Pipeline, Ran};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -128,53 +130,6 @@ pub async fn execute(
         batch.record(&ctx.metrics, index, reply.is_error(), waited);
     }
     reply
-}
-
-/// The tag of `INCR segment:<tag>`, the one command a pipeline of identical copies of may be
-/// served as one block ([`strict_incr_run`]); `None` for any other command.
-pub fn segment_incr_tag<'a>(args: &[&'a [u8]]) -> Option<&'a [u8]> {
-    match args {
-        [name, key] if name.eq_ignore_ascii_case(b"incr") => match Key::of(key)? {
-            Key::Segment(tag) => Some(tag),
-            Key::Snowflake => None,
-        },
-        _ => None,
-    }
-}
-
-/// `times` identical pipelined `INCR segment:<tag>` of a strict tag, served as one block of
-/// consecutive IDs (one allocation instead of `times` in a row; all of them arrived before
-/// it, so real-time order holds): the replies in order. `None` for any other tag or session
-/// state (a transaction, no AUTH yet): each copy then runs on its own.
-pub async fn strict_incr_run(
-    ctx: &Arc<Context>,
-    session: &Session,
-    tag: &[u8],
-    times: usize,
-    batch: &mut BatchMetrics,
-) -> Option<Vec<Reply>> {
-    if session.transaction.is_some() || !session.authenticated {
-        return None;
-    }
-    let count = i64::try_from(times).ok()?;
-    let result = ctx.segments.next_strict_block(tag, count).await?;
-    let replies: Vec<Reply> = match result {
-        Ok(last) => (0..count)
-            .map(|i| Reply::Integer(last - count + 1 + i))
-            .collect(),
-        Err(e) => vec![segment_error(&e); times],
-    };
-    if ctx.metrics.enabled() {
-        for reply in &replies {
-            batch.record(
-                &ctx.metrics,
-                CommandId::Incr as usize,
-                reply.is_error(),
-                true,
-            );
-        }
-    }
-    Some(replies)
 }
 
 /// Whether this client may run the command with `argc` arguments: the arity, then NOAUTH.

@@ -24,9 +24,6 @@ use super::spare;
 /// Replies are flushed early once this much is buffered, so a long pipeline cannot grow the
 /// output buffer without bound.
 const FLUSH_THRESHOLD: usize = 64 * 1024;
-/// The longest run of pipelined INCRs served as one block of a strict tag: 1,024 replies of
-/// at most 20 bytes each stay well under [`FLUSH_THRESHOLD`].
-const STRICT_BLOCK_MAX: usize = 1024;
 
 /// A client socket the connection loop can serve.
 pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send {
@@ -180,10 +177,6 @@ pub(crate) async fn serve(
     // trickling a partial frame (slowloris) is closed like a silent one.
     let mut last_command = tokio::time::Instant::now();
     let mut batch = BatchMetrics::default();
-    // The most pipelined INCRs one strict block serves (see cmd::strict_incr_run).
-    let block_limit = usize::try_from(server.max_incrby)
-        .unwrap_or(1)
-        .clamp(1, STRICT_BLOCK_MAX);
     let timed = ctx.metrics.enabled();
     // Made once: a new wait per read would join and leave the token's waiter list each time.
     let stopped = stop.wait();
@@ -217,36 +210,31 @@ pub(crate) async fn serve(
             if output.capacity() == 0 {
                 output = spare::take();
             }
-            // Identical INCRs pipelined on a strict tag: one allocation serves them all.
-            let strict_candidate = (consumed > plain_until)
-                .then(|| cmd::segment_incr_tag(&args))
-                .flatten();
-            if let Some(tag) = strict_candidate {
-                let frame = &input[consumed - used..consumed];
-                let (mut ahead, mut times) = (consumed, 1);
-                while times < block_limit && input[ahead..].starts_with(frame) {
-                    ahead += used;
-                    times += 1;
-                }
-                if times > 1 {
-                    // Boxed, as cmd::execute boxes a command that may wait: held inline it
-                    // would grow every connection's future.
-                    let run =
-                        Box::pin(cmd::strict_incr_run(ctx, &session, tag, times, &mut batch)).await;
-                    if let Some(replies) = run {
-                        for reply in &replies {
-                            reply.encode(session.protocol, &mut output);
-                        }
-                        executed += times as u64;
-                        consumed = ahead;
-                        continue;
+            let mut ahead = Ahead {
+                input: &input,
+                frame: consumed - used..consumed,
+                consumed: &mut consumed,
+                plain_until: &mut plain_until,
+            };
+            let reply = match cmd::execute_pipelined(
+                ctx,
+                &mut session,
+                &args,
+                &mut ahead,
+                &mut batch,
+            )
+            .await
+            {
+                cmd::Ran::One(reply) => reply,
+                cmd::Ran::Block(replies) => {
+                    for reply in &replies {
+                        reply.encode(session.protocol, &mut output);
                     }
-                    // Not a strict tag: these copies run one by one, unchecked again.
-                    plain_until = ahead;
+                    executed += replies.len() as u64;
+                    continue;
                 }
-            }
+            };
             executed += 1;
-            let reply = cmd::execute(ctx, &mut session, &args, &mut batch).await;
             if !session.silent {
                 reply.encode(session.protocol, &mut output);
             }
@@ -319,5 +307,40 @@ struct Listed<'a>(&'a Context, u64);
 impl Drop for Listed<'_> {
     fn drop(&mut self) {
         self.0.clients.remove(self.1);
+    }
+}
+
+/// The requests after the current one in a connection's input, as [`cmd::Pipeline`] shows
+/// them: a repeat is a copy of the current request's frame, byte for byte.
+struct Ahead<'a> {
+    input: &'a [u8],
+    /// The current request's frame in `input`.
+    frame: std::ops::Range<usize>,
+    /// Where the requests not yet run start.
+    consumed: &'a mut usize,
+    /// Input before this offset holds repeats already found to run alone.
+    plain_until: &'a mut usize,
+}
+
+impl cmd::Pipeline for Ahead<'_> {
+    fn repeats(&mut self, limit: usize) -> usize {
+        if *self.consumed <= *self.plain_until {
+            return 0;
+        }
+        let frame = &self.input[self.frame.clone()];
+        let (mut at, mut count) = (*self.consumed, 0);
+        while count < limit && self.input[at..].starts_with(frame) {
+            at += frame.len();
+            count += 1;
+        }
+        count
+    }
+
+    fn answered(&mut self, n: usize) {
+        *self.consumed += n * self.frame.len();
+    }
+
+    fn run_alone(&mut self, n: usize) {
+        *self.plain_until = *self.consumed + n * self.frame.len();
     }
 }
