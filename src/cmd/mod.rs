@@ -13,7 +13,7 @@ pub mod table;
 mod transaction;
 
 pub use connection::client_line;
-pub use pipeline::{execute_pipelined, Pipeline, Ran};
+pub use pipeline::{block_at, serve_block, Pipeline};
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,11 +1,12 @@
 //! Pipelined requests: a run of identical `INCR segment:<tag>` of a strict tag is served as one
-//! block of consecutive IDs (one allocation instead of one per request); any other runs alone.
+//! block of consecutive IDs (one allocation instead of one per request); any other runs alone
+//! ([`super::execute`]).
 
 use std::sync::Arc;
 
 use super::key::Key;
 use super::table::CommandId;
-use super::{execute, segment_error, Session};
+use super::{segment_error, Session};
 use crate::context::Context;
 use crate::metrics::BatchMetrics;
 use crate::protocol::Reply;
@@ -26,40 +27,54 @@ pub trait Pipeline {
     fn run_alone(&mut self, n: usize);
 }
 
-/// What running one request gave: its reply, or the replies of a block (it and the repeats
-/// that followed it, in order).
-pub enum Ran {
-    One(Reply),
-    Block(Vec<Reply>),
+/// A run of identical pipelined requests that may be served as one block: `INCR
+/// segment:<tag>` and how many times in a row.
+pub struct Block<'a> {
+    tag: &'a [u8],
+    times: usize,
 }
 
-/// Runs `args`, the current request of `pipeline`: with the identical `INCR segment:<tag>`
-/// requests after it as one block when the tag is strict, else alone ([`execute`]).
-pub async fn execute_pipelined(
+/// The block `args`, the current request of `pipeline`, begins: `INCR segment:<tag>` followed
+/// by identical requests. `None` for anything else: the request runs alone ([`execute`]).
+/// Checked without building a future, as every pipelined request passes here.
+#[inline]
+pub fn block_at<'a>(
+    ctx: &Context,
+    args: &[&'a [u8]],
+    pipeline: &mut dyn Pipeline,
+) -> Option<Block<'a>> {
+    let tag = segment_incr_tag(args)?;
+    let limit = usize::try_from(ctx.config.server.max_incrby)
+        .unwrap_or(1)
+        .clamp(1, BLOCK_MAX);
+    let repeats = pipeline.repeats(limit - 1);
+    (repeats > 0).then_some(Block {
+        tag,
+        times: repeats + 1,
+    })
+}
+
+/// Serves `block` as one allocation when its tag is strict: the replies, in order, and its
+/// repeats marked answered. `None` when it is not: its repeats are marked to run alone, and
+/// the current request runs alone.
+pub async fn serve_block(
     ctx: &Arc<Context>,
-    session: &mut Session,
-    args: &[&[u8]],
+    session: &Session,
+    block: Block<'_>,
     pipeline: &mut (dyn Pipeline + Send),
     batch: &mut BatchMetrics,
-) -> Ran {
-    if let Some(tag) = segment_incr_tag(args) {
-        let limit = usize::try_from(ctx.config.server.max_incrby)
-            .unwrap_or(1)
-            .clamp(1, BLOCK_MAX);
-        let times = 1 + pipeline.repeats(limit - 1);
-        if times > 1 {
-            // Boxed, as `execute` boxes a command that may wait: held inline it would grow
-            // every connection's future.
-            match Box::pin(strict_incr_run(ctx, session, tag, times, batch)).await {
-                Some(replies) => {
-                    pipeline.answered(times - 1);
-                    return Ran::Block(replies);
-                }
-                None => pipeline.run_alone(times - 1),
-            }
+) -> Option<Vec<Reply>> {
+    let Block { tag, times } = block;
+    match strict_incr_run(ctx, session, tag, times, batch).await {
+        Some(replies) => {
+            pipeline.answered(times - 1);
+            Some(replies)
+        }
+        None => {
+            pipeline.run_alone(times - 1);
+            None
         }
     }
-    Ran::One(execute(ctx, session, args, batch).await)
 }
 
 /// The tag of `INCR segment:<tag>`, the one command a pipeline of identical copies of may be

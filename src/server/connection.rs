@@ -216,25 +216,23 @@ pub(crate) async fn serve(
                 consumed: &mut consumed,
                 plain_until: &mut plain_until,
             };
-            let reply = match cmd::execute_pipelined(
-                ctx,
-                &mut session,
-                &args,
-                &mut ahead,
-                &mut batch,
-            )
-            .await
-            {
-                cmd::Ran::One(reply) => reply,
-                cmd::Ran::Block(replies) => {
+            if let Some(block) = cmd::block_at(ctx, &args, &mut ahead) {
+                // Boxed, as cmd::execute boxes a command that may wait: held inline it would
+                // grow every connection's future.
+                let served = Box::pin(cmd::serve_block(
+                    ctx, &session, block, &mut ahead, &mut batch,
+                ))
+                .await;
+                if let Some(replies) = served {
                     for reply in &replies {
                         reply.encode(session.protocol, &mut output);
                     }
                     executed += replies.len() as u64;
                     continue;
                 }
-            };
+            }
             executed += 1;
+            let reply = cmd::execute(ctx, &mut session, &args, &mut batch).await;
             if !session.silent {
                 reply.encode(session.protocol, &mut output);
             }
