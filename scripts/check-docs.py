@@ -12,6 +12,12 @@ exits 1 if there is any (0 when all is well). Python 3 standard library only.
   empty configuration are compared too.
 * Every error docs/reference/errors.md lists appears in src/: its first word and its literal text
   between placeholders (<tag>, …), allowing for a message composed of several format strings.
+* Every error docs/reference/errors.md lists is produced by a test (issue 44): at least one of its
+  literal chunks (the text between placeholders, stripped, of 6 characters or more; the whole
+  error when it has none) appears in a test source: tests/** (Rust, Python, shell, the client
+  checks), src/**/tests.rs and the #[cfg(test)] part of the other src/ files. The few no test can
+  produce are listed in ERRORS_WITHOUT_TEST with the reason; an entry that a test now covers, or
+  that errors.md no longer lists, is a problem too, so the list only shrinks.
 * Every metric docs/reference/metrics.md lists is exported by src/ (process_* by the
   metrics-process crate), and every metric named in src/metrics/names.rs is listed.
 * Every command of src/cmd/table.rs is in docs/reference/commands.md.
@@ -34,6 +40,25 @@ CONFIG_DOC = "docs/reference/configuration.md"
 ERRORS_DOC = "docs/reference/errors.md"
 METRICS_DOC = "docs/reference/metrics.md"
 COMMANDS_DOC = "docs/reference/commands.md"
+
+# Errors of ERRORS_DOC that no test produces, exactly as errors.md writes them. Keep it short:
+# an error leaves this list as soon as a test makes it happen.
+ERRORS_WITHOUT_TEST = {
+    # A ZooKeeper server that stops answering for a whole snowflake.zookeeper lease_ms while a
+    # node runs: the ZooKeeper tests share one private server (LEAFD_TEST_ZOOKEEPER) that must
+    # stay up for the others; the lapse is tested on the coordinator, not this reply.
+    "UNAVAILABLE snowflake: no ZooKeeper time report since <time>",
+    # ZooKeeper coordinator only, with other live nodes reporting their clocks: needs a ZooKeeper
+    # server; tests/snowflake_zookeeper.rs (a_clock_far_from_the_other_nodes_refuses_to_start)
+    # makes it happen when LEAFD_TEST_ZOOKEEPER is set, matching the CoordError, not its text.
+    "clock differs from the average of the other live nodes by <n> ms (limit <m> ms); refusing to start",
+    # MySQL/MariaDB only, and only after another node held the migration lock for the whole
+    # wait (LOCK_WAIT_SECS = 60 s in src/storage/migrate.rs): too slow for a test.
+    "storage unavailable: another node held the schema migration lock (leafd_migration_lock) for <n> s",
+}
+
+# Where a test may produce an error (besides src/**/tests.rs and #[cfg(test)] parts).
+TEST_SOURCE_SUFFIXES = {".rs", ".py", ".sh", ".js", ".mjs", ".ts", ".go", ".java"}
 
 problems = []
 
@@ -616,6 +641,49 @@ def check_errors(root, source):
         problem(ERRORS_DOC, "no errors found (table rows whose first cell holds `CODE message`)")
 
 
+def test_text(root):
+    """The text of every test source: tests/**, src/**/tests.rs (and files under a tests/
+    directory of src/), and the #[cfg(test)] part of the other src/ files."""
+    texts = []
+    for path in sorted((root / "tests").rglob("*")):
+        if path.is_file() and path.suffix in TEST_SOURCE_SUFFIXES:
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    for path in sorted((root / "src").rglob("*.rs")):
+        text = path.read_text(encoding="utf-8")
+        if path.name == "tests.rs" or "tests" in path.relative_to(root / "src").parts[:-1]:
+            texts.append(text)
+        elif "#[cfg(test)]" in text:
+            texts.append(text[text.index("#[cfg(test)]"):])
+    return "\n".join(texts)
+
+
+def error_chunks(token):
+    """The literal parts of an error (between placeholders and ellipses) a test can quote."""
+    chunks = [c.strip() for c in re.split(r"<[^<>]*>|…|\.\.\.", token)]
+    return [c for c in chunks if len(c) >= 6] or [token]
+
+
+def check_errors_tested(root):
+    doc = root / ERRORS_DOC
+    if not doc.is_file():
+        return
+    tests = test_text(root)
+    listed = set()
+    for number, cells in table_rows(doc):
+        if cells[0].lower() == "error":
+            continue
+        for token in code_spans(cells[0]):
+            listed.add(token)
+            tested = any(chunk in tests for chunk in error_chunks(token))
+            if token in ERRORS_WITHOUT_TEST:
+                if tested:
+                    problem(f"{ERRORS_DOC}:{number}", f"error `{token}` is produced by a test now: remove it from ERRORS_WITHOUT_TEST in scripts/check-docs.py")
+            elif not tested:
+                problem(f"{ERRORS_DOC}:{number}", f"error `{token}`: no test produces it (none of {error_chunks(token)} is in tests/ or a #[cfg(test)] part of src/); write one, or add it to ERRORS_WITHOUT_TEST with the reason")
+    for token in sorted(ERRORS_WITHOUT_TEST - listed):
+        problem("scripts/check-docs.py", f"ERRORS_WITHOUT_TEST lists `{token}`, which {ERRORS_DOC} does not")
+
+
 def check_metrics(root, source):
     doc = root / METRICS_DOC
     if not doc.is_file():
@@ -750,6 +818,7 @@ def main():
     check_links(root)
     check_config(root, source, args.leafd)
     check_errors(root, source)
+    check_errors_tested(root)
     check_metrics(root, source)
     check_commands(root, source)
     check_cli(root, source)
