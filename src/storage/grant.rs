@@ -137,3 +137,33 @@ pub struct LeafAlloc {
     /// The row's `update_time` as the database prints it (listed rows only; Leaf's `/db`).
     pub update_time: Option<String>,
 }
+
+impl LeafAlloc {
+    /// A row of `leaf_alloc` as any dialect returns it, before an allocation moved anything
+    /// (`first == max_id`). `step` is read as `INT`, the width of the column in every dialect.
+    pub(crate) fn from_row<R>(row: &R) -> Result<LeafAlloc, sqlx::Error>
+    where
+        R: sqlx::Row,
+        &'static str: sqlx::ColumnIndex<R>,
+        for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(LeafAlloc {
+            tag: row.try_get("biz_tag")?,
+            max_id: row.try_get("max_id")?,
+            first: row.try_get("max_id")?,
+            step: i64::from(row.try_get::<i32, _>("step")?),
+            description: row.try_get("description")?,
+            failover: None,
+            opaque: row.try_get("opaque")?,
+            split: row.try_get("split")?,
+            // Only the list selects it.
+            update_time: row
+                .try_get::<Option<String>, _>("update_time")
+                .ok()
+                .flatten()
+                .map(|t| t.trim().to_string()),
+        })
+    }
+}

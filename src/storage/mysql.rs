@@ -51,25 +51,6 @@ impl MySqlStore {
     }
 }
 
-fn row_to_alloc(row: &MySqlRow) -> Result<LeafAlloc, sqlx::Error> {
-    Ok(LeafAlloc {
-        tag: row.try_get("biz_tag")?,
-        max_id: row.try_get("max_id")?,
-        first: row.try_get("max_id")?,
-        step: i64::from(row.try_get::<i32, _>("step")?),
-        description: row.try_get("description")?,
-        failover: None,
-        opaque: row.try_get("opaque")?,
-        split: row.try_get("split")?,
-        // Only the list selects it.
-        update_time: row
-            .try_get::<Option<String>, _>("update_time")
-            .ok()
-            .flatten()
-            .map(|t| t.trim().to_string()),
-    })
-}
-
 /// The instance a server outside Galera is, as an SQL expression: its server id, which
 /// replication requires to differ between a primary and its replicas.
 macro_rules! server_instance_sql {
@@ -182,7 +163,7 @@ async fn locked_instance(
 super::locked::locked_segment_store!(
     MySqlStore,
     backend: "mysql",
-    row: row_to_alloc,
+    row: LeafAlloc::from_row,
     placeholder: super::workers::question,
     instance: instance,
     locked_instance: locked_instance,

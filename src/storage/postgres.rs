@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::Row;
 
 use super::committed::{connect_pool, pool_options};
@@ -41,25 +41,6 @@ impl PostgresStore {
         }
         Ok(store)
     }
-}
-
-fn row_to_alloc(row: &PgRow) -> Result<LeafAlloc, sqlx::Error> {
-    Ok(LeafAlloc {
-        tag: row.try_get("biz_tag")?,
-        max_id: row.try_get("max_id")?,
-        first: row.try_get("max_id")?,
-        step: i64::from(row.try_get::<i32, _>("step")?),
-        description: row.try_get("description")?,
-        failover: None,
-        opaque: row.try_get("opaque")?,
-        split: row.try_get("split")?,
-        // Only the list selects it.
-        update_time: row
-            .try_get::<Option<String>, _>("update_time")
-            .ok()
-            .flatten()
-            .map(|t| t.trim().to_string()),
-    })
 }
 
 /// The instance a connection reaches, as an SQL expression: the cluster's system identifier
@@ -110,7 +91,7 @@ async fn one_statement(
     let Some(row) = rows.first() else {
         return Ok(None);
     };
-    let mut alloc = row_to_alloc(row)?;
+    let mut alloc = LeafAlloc::from_row(row)?;
     alloc.first = alloc.max_id - step;
     Ok(Some(alloc))
 }
@@ -151,7 +132,7 @@ async fn allocate_batch(
         let mut locked = HashMap::with_capacity(rows.len());
         for row in &rows {
             let current: String = row.try_get("instance")?;
-            let row = LockedRow::decode(row, row_to_alloc)?;
+            let row = LockedRow::decode(row, LeafAlloc::from_row)?;
             locked.insert(row.alloc.tag.clone(), (row, current, false));
         }
         let mut out = Vec::with_capacity(requests.len());
@@ -192,7 +173,7 @@ async fn allocate_batch(
 super::locked::locked_segment_store!(
     PostgresStore,
     backend: "postgres",
-    row: row_to_alloc,
+    row: LeafAlloc::from_row,
     placeholder: super::workers::dollar,
     instance: instance,
     locked_instance: locked_instance,

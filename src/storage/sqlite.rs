@@ -6,7 +6,6 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
-use sqlx::Row;
 
 use super::committed::pool_options;
 use super::{LeafAlloc, StoreError};
@@ -89,25 +88,6 @@ fn sqlite_path(url: &str) -> Result<PathBuf, StoreError> {
     Ok(Path::new(rest).to_path_buf())
 }
 
-fn row_to_alloc(row: &sqlx::sqlite::SqliteRow) -> Result<LeafAlloc, sqlx::Error> {
-    Ok(LeafAlloc {
-        tag: row.try_get("biz_tag")?,
-        max_id: row.try_get("max_id")?,
-        first: row.try_get("max_id")?,
-        step: row.try_get("step")?,
-        description: row.try_get("description")?,
-        failover: None,
-        opaque: row.try_get("opaque")?,
-        split: row.try_get("split")?,
-        // Only the list selects it.
-        update_time: row
-            .try_get::<Option<String>, _>("update_time")
-            .ok()
-            .flatten()
-            .map(|t| t.trim().to_string()),
-    })
-}
-
 /// What separates the tags [`rules`] reads as one text (a byte no tag leafd creates holds).
 const TAG_SEPARATOR: char = '\u{1e}';
 
@@ -144,7 +124,7 @@ async fn rules(store: &SqliteStore) -> Result<Vec<(String, Option<String>)>, Sto
 super::returning::returning_segment_store!(
     SqliteStore,
     backend: "sqlite",
-    row: row_to_alloc,
+    row: LeafAlloc::from_row,
     placeholder: super::workers::question,
     rules: rules,
     // SET reads the row as it was: the range starts at the old max_id when exclusive_max says
