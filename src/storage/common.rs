@@ -1,14 +1,22 @@
 //! What the SQL dialects' `SegmentStore`s do alike, whatever their allocation: list the table,
 //! record a tag's opaque-ID key and residue class, close the pool and lend the lease table.
 
+use std::fmt::Display;
+use std::marker::PhantomData;
+
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+
+use super::committed::committed;
+use super::{LeafAlloc, StoreError};
+
 /// Implements [`super::SegmentStore`] for a store with a `pool` field: the methods every SQL
-/// dialect shares, and the ones given in braces (its allocation, its writes and its tag list). `$row` maps a
-/// row to a [`super::LeafAlloc`], `$p` numbers placeholders (see `storage::workers`).
+/// dialect shares (their bodies in [`SharedSql`], or here where they use another macro), and
+/// the ones given in braces (its allocation, its writes and its tag list). `$p` numbers
+/// placeholders (see `storage::workers`).
 macro_rules! sql_segment_store {
     (
         $store:ty,
         backend: $backend:literal,
-        row: $row:path,
         placeholder: $p:path,
         { $($own:item)* } $(,)?
     ) => {
@@ -17,19 +25,14 @@ macro_rules! sql_segment_store {
         $($own)*
 
         async fn list(&self) -> Result<Vec<$crate::storage::LeafAlloc>, $crate::storage::StoreError> {
-            let rows = sqlx::query($crate::storage::LIST_ROWS)
-                .fetch_all(&self.pool)
-                .await?;
-            Ok(rows.iter().map($row).collect::<Result<Vec<_>, _>>()?)
+            $crate::storage::common::SharedSql::list(&self.pool).await
         }
 
         async fn row(
             &self,
             tag: &str,
         ) -> Result<Option<$crate::storage::LeafAlloc>, $crate::storage::StoreError> {
-            let sql = format!("{}{}", $crate::storage::ONE_ROW, $p(1));
-            let rows = sqlx::query(&sql).bind(tag).fetch_all(&self.pool).await?;
-            Ok(rows.first().map($row).transpose()?)
+            $crate::storage::common::SharedSql::row(&self.pool, $p, tag).await
         }
 
         async fn claim_opaque(
@@ -38,29 +41,8 @@ macro_rules! sql_segment_store {
             marker: &str,
             below: i64,
         ) -> Result<(Option<String>, i64), $crate::storage::StoreError> {
-            let claim = format!(
-                "UPDATE leaf_alloc SET opaque = {} WHERE biz_tag = {} AND opaque IS NULL AND max_id < {}",
-                $p(1),
-                $p(2),
-                $p(3)
-            );
-            let read = format!("SELECT opaque, max_id FROM leaf_alloc WHERE biz_tag = {}", $p(1));
-            let (claim, read) = (&claim, &read);
-            $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                sqlx::query(claim)
-                    .bind(marker)
-                    .bind(tag)
-                    .bind(below)
-                    .execute(&mut *tx)
-                    .await?;
-                let row: Option<(Option<String>, i64)> =
-                    sqlx::query_as(read).bind(tag).fetch_optional(&mut *tx).await?;
-                match row {
-                    Some(recorded) => Ok((tx, recorded)),
-                    None => Err($crate::storage::StoreError::UnknownTag(tag.to_string())),
-                }
-            })
-            .await
+            $crate::storage::common::SharedSql::claim_opaque(&self.pool, $p, tag, marker, below)
+                .await
         }
 
         async fn claim_split(
@@ -69,35 +51,8 @@ macro_rules! sql_segment_store {
             expected: Option<&str>,
             split: Option<&str>,
         ) -> Result<Option<String>, $crate::storage::StoreError> {
-            let claim = match expected {
-                Some(_) => format!(
-                    "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {} AND split = {}",
-                    $p(1),
-                    $p(2),
-                    $p(3)
-                ),
-                None => format!(
-                    "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {} AND split IS NULL",
-                    $p(1),
-                    $p(2)
-                ),
-            };
-            let read = format!("SELECT split FROM leaf_alloc WHERE biz_tag = {}", $p(1));
-            let (claim, read) = (&claim, &read);
-            $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                let mut query = sqlx::query(claim).bind(split).bind(tag);
-                if let Some(expected) = expected {
-                    query = query.bind(expected);
-                }
-                query.execute(&mut *tx).await?;
-                let row: Option<(Option<String>,)> =
-                    sqlx::query_as(read).bind(tag).fetch_optional(&mut *tx).await?;
-                match row {
-                    Some((recorded,)) => Ok((tx, recorded)),
-                    None => Err($crate::storage::StoreError::UnknownTag(tag.to_string())),
-                }
-            })
-            .await
+            $crate::storage::common::SharedSql::claim_split(&self.pool, $p, tag, expected, split)
+                .await
         }
 
         async fn resplit(
@@ -159,11 +114,7 @@ macro_rules! sql_segment_store {
         }
 
         async fn schema_version(&self) -> Option<i64> {
-            sqlx::query_scalar::<_, Option<i64>>("SELECT MAX(version) FROM _sqlx_migrations")
-                .fetch_one(&self.pool)
-                .await
-                .ok()
-                .flatten()
+            $crate::storage::common::SharedSql::schema_version(&self.pool).await
         }
 
         fn backend(&self) -> &'static str {
@@ -208,6 +159,127 @@ macro_rules! guard_tag_count {
 }
 
 pub(crate) use guard_tag_count;
+
+/// The statements every SQL dialect runs alike, as functions generic over sqlx's database
+/// (the bounds say once what they need of it: `leaf_alloc`'s columns decode, text and
+/// integers bind). `p` numbers a dialect's placeholders.
+pub(crate) struct SharedSql<DB>(PhantomData<DB>);
+
+impl<DB> SharedSql<DB>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    &'static str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> i32: Decode<'r, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB>,
+{
+    pub(crate) async fn list(pool: &Pool<DB>) -> Result<Vec<LeafAlloc>, StoreError> {
+        let rows = sqlx::query(super::LIST_ROWS).fetch_all(pool).await?;
+        Ok(rows
+            .iter()
+            .map(LeafAlloc::from_row)
+            .collect::<Result<Vec<_>, _>>()?)
+    }
+
+    pub(crate) async fn row<S: Display>(
+        pool: &Pool<DB>,
+        p: fn(usize) -> S,
+        tag: &str,
+    ) -> Result<Option<LeafAlloc>, StoreError> {
+        let sql = format!("{}{}", super::ONE_ROW, p(1));
+        let rows = sqlx::query(&sql).bind(tag).fetch_all(pool).await?;
+        Ok(rows.first().map(LeafAlloc::from_row).transpose()?)
+    }
+
+    /// Records `marker` as the tag's opaque-ID key unless one is recorded or `max_id` reached
+    /// `below`; the record and `max_id` after.
+    pub(crate) async fn claim_opaque<S: Display>(
+        pool: &Pool<DB>,
+        p: fn(usize) -> S,
+        tag: &str,
+        marker: &str,
+        below: i64,
+    ) -> Result<(Option<String>, i64), StoreError> {
+        let claim = format!(
+            "UPDATE leaf_alloc SET opaque = {} WHERE biz_tag = {} AND opaque IS NULL AND max_id < {}",
+            p(1),
+            p(2),
+            p(3)
+        );
+        let read = format!(
+            "SELECT opaque, max_id FROM leaf_alloc WHERE biz_tag = {}",
+            p(1)
+        );
+        let (claim, read) = (&claim, &read);
+        committed(pool, |mut tx| async move {
+            sqlx::query(claim)
+                .bind(marker)
+                .bind(tag)
+                .bind(below)
+                .execute(&mut *tx)
+                .await?;
+            let row = sqlx::query(read).bind(tag).fetch_optional(&mut *tx).await?;
+            match row {
+                Some(row) => Ok((tx, (row.try_get(0)?, row.try_get(1)?))),
+                None => Err(StoreError::UnknownTag(tag.to_string())),
+            }
+        })
+        .await
+    }
+
+    /// Moves the tag's residue-class record to `split` when it is `expected`; the record after.
+    pub(crate) async fn claim_split<S: Display>(
+        pool: &Pool<DB>,
+        p: fn(usize) -> S,
+        tag: &str,
+        expected: Option<&str>,
+        split: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        let claim = match expected {
+            Some(_) => format!(
+                "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {} AND split = {}",
+                p(1),
+                p(2),
+                p(3)
+            ),
+            None => format!(
+                "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {} AND split IS NULL",
+                p(1),
+                p(2)
+            ),
+        };
+        let read = format!("SELECT split FROM leaf_alloc WHERE biz_tag = {}", p(1));
+        let (claim, read) = (&claim, &read);
+        committed(pool, |mut tx| async move {
+            let mut query = sqlx::query(claim).bind(split).bind(tag);
+            if let Some(expected) = expected {
+                query = query.bind(expected);
+            }
+            query.execute(&mut *tx).await?;
+            let row = sqlx::query(read).bind(tag).fetch_optional(&mut *tx).await?;
+            match row {
+                Some(row) => Ok((tx, row.try_get(0)?)),
+                None => Err(StoreError::UnknownTag(tag.to_string())),
+            }
+        })
+        .await
+    }
+
+    /// The newest migration applied (`None` before the first, or when it cannot be read).
+    pub(crate) async fn schema_version(pool: &Pool<DB>) -> Option<i64> {
+        let row = sqlx::query("SELECT MAX(version) FROM _sqlx_migrations")
+            .fetch_one(pool)
+            .await
+            .ok()?;
+        row.try_get::<Option<i64>, _>(0).ok().flatten()
+    }
+}
 /// The statements that move a tag's `max_id` (and `exclusive_max`, so the next allocation
 /// starts exactly there) up to a floor, leaving a higher value alone; then read it back.
 /// `exclusive_max` comes first: MySQL's SET sees the values assigned to its left.

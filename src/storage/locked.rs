@@ -13,13 +13,12 @@
 /// UPDATE` of `biz_tag, max_id, step, description, writer, opaque, exclusive_max, split,
 /// instance`); `advance` the new max_id, the same again for
 /// `exclusive_max`, the writer, the tag; `insert` tag, max_id, the same again for
-/// `exclusive_max`, step, description, writer, split; `set_step` step then tag. `$row` maps a locked row to a
-/// [`super::LeafAlloc`].
+/// `exclusive_max`, step, description, writer, split; `set_step` step then tag. Rows
+/// map to a [`super::LeafAlloc`] by [`super::LeafAlloc::from_row`].
 macro_rules! locked_segment_store {
     (
         $store:ty,
         backend: $backend:literal,
-        row: $row:path,
         placeholder: $placeholder:path,
         instance: $instance:path,
         locked_instance: $locked_instance:path,
@@ -33,7 +32,6 @@ macro_rules! locked_segment_store {
         $crate::storage::common::sql_segment_store!(
             $store,
             backend: $backend,
-            row: $row,
             placeholder: $placeholder,
             {
             async fn allocate(
@@ -46,7 +44,7 @@ macro_rules! locked_segment_store {
                     return Ok(alloc);
                 }
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    let alloc = $crate::storage::locked::allocate_in!(self, tx, tag, grant, $lock, $advance, $row, $locked_instance)?;
+                    let alloc = $crate::storage::locked::allocate_in!(self, tx, tag, grant, $lock, $advance, $locked_instance)?;
                     Ok((tx, alloc?))
                 })
                 .await
@@ -129,7 +127,7 @@ macro_rules! locked_segment_store {
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                     let mut out = Vec::with_capacity(requests.len());
                     for (tag, grant) in requests {
-                        out.push($crate::storage::locked::allocate_in!(self, tx, tag, grant, $lock, $advance, $row, $locked_instance)?);
+                        out.push($crate::storage::locked::allocate_in!(self, tx, tag, grant, $lock, $advance, $locked_instance)?);
                     }
                     Ok((tx, out))
                 })
@@ -209,7 +207,7 @@ impl LockedRow {
 /// transaction is lost), `Ok(Err(_))` for a refusal before anything moved (unknown tag, another
 /// rule, the end of a period), which leaves the transaction usable for the next.
 macro_rules! allocate_in {
-    ($self:ident, $tx:ident, $tag:expr, $grant:expr, $lock:expr, $advance:expr, $row:path, $locked_instance:path) => {
+    ($self:ident, $tx:ident, $tag:expr, $grant:expr, $lock:expr, $advance:expr, $locked_instance:path) => {
         async {
             let tag: &str = $tag;
             let grant: &$crate::storage::Grant = $grant;
@@ -220,7 +218,10 @@ macro_rules! allocate_in {
                 )));
             };
             let current = $locked_instance($self, &mut *$tx, row).await?;
-            let mut locked = $crate::storage::locked::LockedRow::decode(row, $row)?;
+            let mut locked = $crate::storage::locked::LockedRow::decode(
+                row,
+                $crate::storage::LeafAlloc::from_row,
+            )?;
             let alloc = match locked.allocate(tag, grant, &current) {
                 Ok(alloc) => alloc,
                 Err(refused) => return Ok(Err(refused)),

@@ -163,7 +163,6 @@ async fn locked_instance(
 super::locked::locked_segment_store!(
     MySqlStore,
     backend: "mysql",
-    row: LeafAlloc::from_row,
     placeholder: super::workers::question,
     instance: instance,
     locked_instance: locked_instance,

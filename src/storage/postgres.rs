@@ -173,7 +173,6 @@ async fn allocate_batch(
 super::locked::locked_segment_store!(
     PostgresStore,
     backend: "postgres",
-    row: LeafAlloc::from_row,
     placeholder: super::workers::dollar,
     instance: instance,
     locked_instance: locked_instance,

@@ -12,12 +12,12 @@
 /// description, opaque, split` (and setting `exclusive_max` to the new `max_id`: see
 /// [`super::SegmentStore::allocate`]); `exists` the tag, selecting its `max_id`,
 /// `exclusive_max`, `step` and `split`; `insert` tag, start (its `max_id` and
-/// `exclusive_max`), step, description, split; `set_step` step then tag. `$row` maps a returned row to a [`super::LeafAlloc`].
+/// `exclusive_max`), step, description, split; `set_step` step then tag. Rows map to a
+/// [`super::LeafAlloc`] by [`super::LeafAlloc::from_row`].
 macro_rules! returning_segment_store {
     (
         $store:ty,
         backend: $backend:literal,
-        row: $row:path,
         placeholder: $placeholder:path,
         rules: $rules:path,
         allocate: $allocate:expr,
@@ -28,7 +28,6 @@ macro_rules! returning_segment_store {
         $crate::storage::common::sql_segment_store!(
             $store,
             backend: $backend,
-            row: $row,
             placeholder: $placeholder,
             {
             async fn allocate(
@@ -41,7 +40,7 @@ macro_rules! returning_segment_store {
                 let grant = &grant;
                 let _one_writer = self.writes.lock().await;
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    let alloc = $crate::storage::returning::allocate_in!(tx, tag, grant, $allocate, $exists, $row)?;
+                    let alloc = $crate::storage::returning::allocate_in!(tx, tag, grant, $allocate, $exists)?;
                     Ok((tx, alloc?))
                 })
                 .await
@@ -55,7 +54,7 @@ macro_rules! returning_segment_store {
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                     let mut out = Vec::with_capacity(requests.len());
                     for (tag, grant) in requests {
-                        out.push($crate::storage::returning::allocate_in!(tx, tag, grant, $allocate, $exists, $row)?);
+                        out.push($crate::storage::returning::allocate_in!(tx, tag, grant, $allocate, $exists)?);
                     }
                     Ok((tx, out))
                 })
@@ -118,7 +117,7 @@ pub(crate) use returning_segment_store;
 /// `Ok(Err(_))` for a refusal that moved nothing (unknown tag, another rule, the end of a
 /// period).
 macro_rules! allocate_in {
-    ($tx:ident, $tag:expr, $grant:expr, $allocate:expr, $exists:expr, $row:path) => {
+    ($tx:ident, $tag:expr, $grant:expr, $allocate:expr, $exists:expr) => {
         async {
             let tag: &str = $tag;
             let grant: &$crate::storage::Grant = $grant;
@@ -135,7 +134,7 @@ macro_rules! allocate_in {
                 .await?;
             match rows.first() {
                 Some(row) => {
-                    let mut alloc = $row(row)?;
+                    let mut alloc = $crate::storage::LeafAlloc::from_row(row)?;
                     alloc.first = alloc.max_id - step.unwrap_or(alloc.step);
                     Ok::<_, $crate::storage::StoreError>(Ok(alloc))
                 }

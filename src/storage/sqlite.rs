@@ -8,7 +8,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 
 use super::committed::pool_options;
-use super::{LeafAlloc, StoreError};
+use super::StoreError;
 use crate::config::StorageConfig;
 
 pub struct SqliteStore {
@@ -124,7 +124,6 @@ async fn rules(store: &SqliteStore) -> Result<Vec<(String, Option<String>)>, Sto
 super::returning::returning_segment_store!(
     SqliteStore,
     backend: "sqlite",
-    row: LeafAlloc::from_row,
     placeholder: super::workers::question,
     rules: rules,
     // SET reads the row as it was: the range starts at the old max_id when exclusive_max says
