@@ -61,21 +61,7 @@ macro_rules! sql_segment_store {
             split: Option<&str>,
             start: i64,
         ) -> Result<i64, $crate::storage::StoreError> {
-            let record = format!(
-                "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {}",
-                $p(1),
-                $p(2)
-            );
-            let (record, move_up) = (&record, &$crate::storage::common::move_up_sql($p));
-            $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                sqlx::query(record)
-                    .bind(split)
-                    .bind(tag)
-                    .execute(&mut *tx)
-                    .await?;
-                $crate::storage::common::move_up!(tx, move_up, tag, start)
-            })
-            .await
+            $crate::storage::common::SharedSql::resplit(&self.pool, $p, tag, split, start).await
         }
 
         async fn raise(
@@ -84,33 +70,7 @@ macro_rules! sql_segment_store {
             floor: i64,
             marker: &str,
         ) -> Result<i64, $crate::storage::StoreError> {
-            let (guarded, read) = &$crate::storage::common::raise_sql($p);
-            let like = format!("{marker}:%");
-            let like = &like;
-            $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                sqlx::query(guarded)
-                    .bind(floor)
-                    .bind(floor)
-                    .bind(floor)
-                    .bind(floor)
-                    .bind(tag)
-                    .bind(marker)
-                    .bind(like)
-                    .execute(&mut *tx)
-                    .await?;
-                let row: Option<(i64, Option<String>)> =
-                    sqlx::query_as(read).bind(tag).fetch_optional(&mut *tx).await?;
-                let Some((max_id, split)) = row else {
-                    return Err($crate::storage::StoreError::UnknownTag(tag.to_string()));
-                };
-                if let Some(refused) =
-                    $crate::storage::refused_rule(tag, split.as_deref(), Some(marker))
-                {
-                    return Err(refused);
-                }
-                Ok((tx, max_id))
-            })
-            .await
+            $crate::storage::common::SharedSql::raise(&self.pool, $p, tag, floor, marker).await
         }
 
         async fn schema_version(&self) -> Option<i64> {
@@ -271,6 +231,80 @@ where
         .await
     }
 
+    /// Records `split` as the tag's residue class and moves `max_id` up to `start` (never down):
+    /// a re-split; `max_id` after.
+    pub(crate) async fn resplit<S: Display>(
+        pool: &Pool<DB>,
+        p: fn(usize) -> S,
+        tag: &str,
+        split: Option<&str>,
+        start: i64,
+    ) -> Result<i64, StoreError> {
+        let record = format!(
+            "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {}",
+            p(1),
+            p(2)
+        );
+        let (record, [update, read]) = (&record, &move_up_sql(p));
+        committed(pool, |mut tx| async move {
+            sqlx::query(record)
+                .bind(split)
+                .bind(tag)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(update)
+                .bind(start)
+                .bind(start)
+                .bind(start)
+                .bind(start)
+                .bind(tag)
+                .execute(&mut *tx)
+                .await?;
+            let row = sqlx::query(read).bind(tag).fetch_optional(&mut *tx).await?;
+            match row {
+                Some(row) => Ok((tx, row.try_get(0)?)),
+                None => Err(StoreError::UnknownTag(tag.to_string())),
+            }
+        })
+        .await
+    }
+
+    /// Moves a period tag's `max_id` up to `floor` (never down) unless its row records another
+    /// period rule than `marker`; `max_id` after.
+    pub(crate) async fn raise<S: Display>(
+        pool: &Pool<DB>,
+        p: fn(usize) -> S,
+        tag: &str,
+        floor: i64,
+        marker: &str,
+    ) -> Result<i64, StoreError> {
+        let (guarded, read) = &raise_sql(p);
+        let like = format!("{marker}:%");
+        let like = &like;
+        committed(pool, |mut tx| async move {
+            sqlx::query(guarded)
+                .bind(floor)
+                .bind(floor)
+                .bind(floor)
+                .bind(floor)
+                .bind(tag)
+                .bind(marker)
+                .bind(like.as_str())
+                .execute(&mut *tx)
+                .await?;
+            let row = sqlx::query(read).bind(tag).fetch_optional(&mut *tx).await?;
+            let Some(row) = row else {
+                return Err(StoreError::UnknownTag(tag.to_string()));
+            };
+            let (max_id, split): (i64, Option<String>) = (row.try_get(0)?, row.try_get(1)?);
+            if let Some(refused) = super::refused_rule(tag, split.as_deref(), Some(marker)) {
+                return Err(refused);
+            }
+            Ok((tx, max_id))
+        })
+        .await
+    }
+
     /// The newest migration applied (`None` before the first, or when it cannot be read).
     pub(crate) async fn schema_version(pool: &Pool<DB>) -> Option<i64> {
         let row = sqlx::query("SELECT MAX(version) FROM _sqlx_migrations")
@@ -314,28 +348,4 @@ pub(crate) fn raise_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> (String, Str
     )
 }
 
-/// Runs [`move_up_sql`] in `$tx`; evaluates to the `(tx, max_id)` a `committed` body returns.
-macro_rules! move_up {
-    ($tx:ident, $sql:expr, $tag:expr, $floor:expr) => {{
-        let [update, read] = $sql;
-        sqlx::query(update)
-            .bind($floor)
-            .bind($floor)
-            .bind($floor)
-            .bind($floor)
-            .bind($tag)
-            .execute(&mut *$tx)
-            .await?;
-        let row: Option<(i64,)> = sqlx::query_as(read)
-            .bind($tag)
-            .fetch_optional(&mut *$tx)
-            .await?;
-        match row {
-            Some((max_id,)) => Ok(($tx, max_id)),
-            None => Err($crate::storage::StoreError::UnknownTag($tag.to_string())),
-        }
-    }};
-}
-
-pub(crate) use move_up;
 pub(crate) use sql_segment_store;
