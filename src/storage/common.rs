@@ -4,7 +4,9 @@
 use std::fmt::Display;
 use std::marker::PhantomData;
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+use sqlx::{
+    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Transaction, Type,
+};
 
 use super::committed::committed;
 use super::{LeafAlloc, StoreError};
@@ -94,31 +96,28 @@ macro_rules! sql_segment_store {
     };
 }
 
-/// The start of every tag creation, inside its transaction `$tx`: takes the `leafd_guard` row
-/// (putting it back if it is missing), then counts the tags; `Err(TagLimit)` at the limit.
-macro_rules! guard_tag_count {
-    ($tx:expr, $new:expr) => {{
-        let guarded = sqlx::query($crate::storage::GUARD_TAGS)
-            .execute(&mut *$tx)
-            .await?;
-        if guarded.rows_affected() == 0 {
-            sqlx::query($crate::storage::RESTORE_GUARD)
-                .execute(&mut *$tx)
-                .await?;
-        }
-        let (count,): (i64,) = sqlx::query_as($crate::storage::COUNT_TAGS)
-            .fetch_one(&mut *$tx)
-            .await?;
-        if count >= i64::try_from($new.max_tags).unwrap_or(i64::MAX) {
-            return Err($crate::storage::StoreError::TagLimit {
-                count,
-                limit: $new.max_tags,
-            });
-        }
-    }};
+/// How many rows a statement changed: each sqlx dialect reports it by a method of its own.
+pub(crate) trait RowsAffected {
+    fn rows_affected(&self) -> u64;
 }
 
-pub(crate) use guard_tag_count;
+impl RowsAffected for sqlx::mysql::MySqlQueryResult {
+    fn rows_affected(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+impl RowsAffected for sqlx::postgres::PgQueryResult {
+    fn rows_affected(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
+    fn rows_affected(&self) -> u64 {
+        self.rows_affected()
+    }
+}
 
 /// The statements every SQL dialect runs alike, as functions generic over sqlx's database
 /// (the bounds say once what they need of it: `leaf_alloc`'s columns decode, text and
@@ -138,6 +137,7 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB>,
+    DB::QueryResult: RowsAffected,
 {
     pub(crate) async fn list(pool: &Pool<DB>) -> Result<Vec<LeafAlloc>, StoreError> {
         let rows = sqlx::query(super::LIST_ROWS).fetch_all(pool).await?;
@@ -303,6 +303,27 @@ where
             Ok((tx, max_id))
         })
         .await
+    }
+
+    /// The start of every tag creation, inside its transaction: takes the `leafd_guard` row
+    /// (putting it back if it is missing), then counts the tags; `Err(TagLimit)` at `max_tags`.
+    pub(crate) async fn guard_tag_count(
+        tx: &mut Transaction<'static, DB>,
+        max_tags: usize,
+    ) -> Result<(), StoreError> {
+        let guarded = sqlx::query(super::GUARD_TAGS).execute(&mut **tx).await?;
+        if guarded.rows_affected() == 0 {
+            sqlx::query(super::RESTORE_GUARD).execute(&mut **tx).await?;
+        }
+        let row = sqlx::query(super::COUNT_TAGS).fetch_one(&mut **tx).await?;
+        let count: i64 = row.try_get(0)?;
+        if count >= i64::try_from(max_tags).unwrap_or(i64::MAX) {
+            return Err(StoreError::TagLimit {
+                count,
+                limit: max_tags,
+            });
+        }
+        Ok(())
     }
 
     /// The newest migration applied (`None` before the first, or when it cannot be read).

@@ -70,7 +70,7 @@ macro_rules! locked_segment_store {
                 new: &$crate::storage::NewTag,
             ) -> Result<(), $crate::storage::StoreError> {
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    $crate::storage::common::guard_tag_count!(tx, new);
+                    $crate::storage::common::SharedSql::guard_tag_count(&mut tx, new.max_tags).await?;
                     // The creating instance is recorded: a failover that loses the tag's
                     // first allocations is then seen like any other.
                     let current = $instance(&mut *tx).await?;

@@ -72,7 +72,7 @@ macro_rules! returning_segment_store {
                 new: &$crate::storage::NewTag,
             ) -> Result<(), $crate::storage::StoreError> {
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    $crate::storage::common::guard_tag_count!(tx, new);
+                    $crate::storage::common::SharedSql::guard_tag_count(&mut tx, new.max_tags).await?;
                     sqlx::query($insert)
                         .bind(&new.tag)
                         .bind(new.start)
