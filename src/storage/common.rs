@@ -9,7 +9,7 @@ use sqlx::{
 };
 
 use super::committed::committed;
-use super::{LeafAlloc, StoreError};
+use super::{Grant, LeafAlloc, StoreError};
 
 /// Implements [`super::SegmentStore`] for a store with a `pool` field: the methods every SQL
 /// dialect shares (their bodies in [`SharedSql`], or here where they use another macro), and
@@ -137,6 +137,8 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB>,
     DB::QueryResult: RowsAffected,
 {
     pub(crate) async fn list(pool: &Pool<DB>) -> Result<Vec<LeafAlloc>, StoreError> {
@@ -324,6 +326,53 @@ where
             });
         }
         Ok(())
+    }
+
+    /// One allocation by a dialect's `UPDATE … RETURNING` (`allocate`, then `exists` when it
+    /// moved nothing: see `returning_segment_store!` for what they bind), inside `tx`: `Err`
+    /// for a statement that failed, `Ok(Err(_))` for a refusal that moved nothing (unknown tag,
+    /// another rule, the end of a period).
+    pub(crate) async fn allocate_returning(
+        tx: &mut Transaction<'static, DB>,
+        tag: &str,
+        grant: &Grant,
+        allocate: &str,
+        exists: &str,
+    ) -> Result<Result<LeafAlloc, StoreError>, StoreError> {
+        let step = grant.step;
+        let window = grant.window;
+        // fetch_all steps the statement to its end, where its changes are written.
+        let rows = sqlx::query(allocate)
+            .bind(step)
+            .bind(tag)
+            .bind(window.map(|w| w.span))
+            .bind(window.map(|w| w.usable))
+            .bind(grant.period_rule.as_deref())
+            .fetch_all(&mut **tx)
+            .await?;
+        match rows.first() {
+            Some(row) => {
+                let mut alloc = LeafAlloc::from_row(row)?;
+                alloc.first = alloc.max_id - step.unwrap_or(alloc.step);
+                Ok(Ok(alloc))
+            }
+            None => {
+                let row = sqlx::query(exists)
+                    .bind(tag)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+                let row = match row {
+                    Some(row) => Some((
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                    )),
+                    None => None,
+                };
+                Ok(Err(super::not_allocated(row, tag, grant)))
+            }
+        }
     }
 
     /// The newest migration applied (`None` before the first, or when it cannot be read).

@@ -1,5 +1,5 @@
-//! The `SegmentStore` of a dialect with `UPDATE … RETURNING` (SQLite, PostgreSQL): the same
-//! statements and the same handling, differing only in the SQL text a dialect passes in.
+//! The `SegmentStore` of a dialect that allocates with `UPDATE … RETURNING` in one statement
+//! (SQLite; PostgreSQL locks the row first, as MySQL does: `locked.rs`).
 
 /// Implements [`super::SegmentStore`] for a store with a `pool` field and a `writes` mutex that
 /// lets one allocation of this process at a time ask for the file's write lock (`$rules` reads
@@ -40,7 +40,7 @@ macro_rules! returning_segment_store {
                 let grant = &grant;
                 let _one_writer = self.writes.lock().await;
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
-                    let alloc = $crate::storage::returning::allocate_in!(tx, tag, grant, $allocate, $exists)?;
+                    let alloc = $crate::storage::common::SharedSql::allocate_returning(&mut tx, tag, grant, $allocate, $exists).await?;
                     Ok((tx, alloc?))
                 })
                 .await
@@ -54,7 +54,7 @@ macro_rules! returning_segment_store {
                 $crate::storage::committed::committed(&self.pool, |mut tx| async move {
                     let mut out = Vec::with_capacity(requests.len());
                     for (tag, grant) in requests {
-                        out.push($crate::storage::returning::allocate_in!(tx, tag, grant, $allocate, $exists)?);
+                        out.push($crate::storage::common::SharedSql::allocate_returning(&mut tx, tag, grant, $allocate, $exists).await?);
                     }
                     Ok((tx, out))
                 })
@@ -112,43 +112,3 @@ macro_rules! returning_segment_store {
 }
 
 pub(crate) use returning_segment_store;
-
-/// One allocation inside the transaction `$tx`: `Err` for a statement that failed,
-/// `Ok(Err(_))` for a refusal that moved nothing (unknown tag, another rule, the end of a
-/// period).
-macro_rules! allocate_in {
-    ($tx:ident, $tag:expr, $grant:expr, $allocate:expr, $exists:expr) => {
-        async {
-            let tag: &str = $tag;
-            let grant: &$crate::storage::Grant = $grant;
-            let step = grant.step;
-            let window = grant.window;
-            // fetch_all steps the statement to its end, where its changes are written.
-            let rows = sqlx::query($allocate)
-                .bind(step)
-                .bind(tag)
-                .bind(window.map(|w| w.span))
-                .bind(window.map(|w| w.usable))
-                .bind(grant.period_rule.as_deref())
-                .fetch_all(&mut *$tx)
-                .await?;
-            match rows.first() {
-                Some(row) => {
-                    let mut alloc = $crate::storage::LeafAlloc::from_row(row)?;
-                    alloc.first = alloc.max_id - step.unwrap_or(alloc.step);
-                    Ok::<_, $crate::storage::StoreError>(Ok(alloc))
-                }
-                None => {
-                    let row = sqlx::query_as($exists)
-                        .bind(tag)
-                        .fetch_optional(&mut *$tx)
-                        .await?;
-                    Ok(Err($crate::storage::not_allocated(row, tag, grant)))
-                }
-            }
-        }
-        .await
-    };
-}
-
-pub(crate) use allocate_in;
