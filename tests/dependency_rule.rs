@@ -1,6 +1,7 @@
-//! The dependency rule of ../shared/STRUCTURE.md, checked on the source: each top-level module
-//! of `src/` may name (`crate::<module>`, or `super::` up to the crate root) in its production
-//! code only the modules listed for it here, so arrows point down. Tests may build anything.
+//! The dependency rule docs/development.md states ("Where things are"), checked on the source:
+//! each top-level module of `src/` may name (`crate::<module>`, or `super::` up to the crate
+//! root) in its production code only the modules listed for it here, so arrows point down.
+//! Tests may build anything.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
