@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{resp, sqlite_config, RawClient, TestServer};
 use leafd::app::App;
 use leafd::clock::{Clock, ManualClock, SystemClock};
-use leafd::config::{Config, CoordinatorKind, OpaqueTag};
+use leafd::config::{Config, CoordinatorKind, OpaqueTag, TagSeed};
 use leafd::engine::snowflake::Layout;
 
 /// One command, its one-line reply (the connection stays usable: checked with a PING).
@@ -220,6 +220,113 @@ async fn leaf_tag_reveal_of_a_number_outside_the_opaque_range() {
         )
         .await,
         "-ERR 10000000000 is not an opaque ID of tag 'invoices': they are 1000000000 to 9999999999\r\n"
+    );
+    server.stop().await;
+}
+
+// ---------------------------------------------------------------- segment refusals
+
+/// The refusals of a tag's kind and of its row's record, each on the request that meets it:
+/// a block of opaque IDs, REVEAL of a plain tag, ORDER for a configured tag, SPLIT of a strict
+/// tag, and a row whose record (strict order, another opaque key, opaque IDs below a plain
+/// tag's range) this node must not serve; then a table gone from under the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_requests_refused_by_the_tag_kind_or_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("leafd.db").display());
+    let mut config = sqlite_config(&dir);
+    config.segment.opaque_key = "a key of at least sixteen characters".into();
+    for tag in ["invoices", "receipts"] {
+        config.segment.opaque.push(OpaqueTag {
+            tag: tag.into(),
+            digits: 10,
+        });
+    }
+    config.segment.tags = vec![
+        TagSeed::new("conf", 10),
+        TagSeed::new("trend", 10),
+        TagSeed::new("plain", 10),
+        TagSeed::new("gone", 10),
+        TagSeed::new("invoices", 10),
+        TagSeed::new("receipts", 10),
+    ];
+    let server = TestServer::start(config).await;
+    let mut raw = server.raw().await;
+
+    assert_eq!(
+        one_line(&mut raw, &[b"INCRBY", b"segment:invoices", b"3"]).await,
+        "-ERR tag 'invoices' hands out opaque IDs, one per request: a block of 3 is not a range of IDs (use INCR)\r\n"
+    );
+    assert_eq!(
+        one_line(&mut raw, &[b"LEAF.TAG", b"REVEAL", b"conf", b"5"]).await,
+        "-ERR tag 'conf' does not hand out opaque IDs\r\n"
+    );
+    assert_eq!(
+        one_line(&mut raw, &[b"LEAF.TAG", b"CREATE", b"conf", b"10", b"ORDER", b"strict"]).await,
+        "-ERR tag 'conf' is configured on this node (or this node hands out a split of the ID space): its order and period come from the configuration; create it without ORDER or PERIOD\r\n"
+    );
+    assert_eq!(
+        one_line(
+            &mut raw,
+            &[
+                b"LEAF.TAG",
+                b"CREATE",
+                b"ordered",
+                b"10",
+                b"ORDER",
+                b"strict"
+            ]
+        )
+        .await,
+        "+OK\r\n"
+    );
+    assert_eq!(
+        one_line(&mut raw, &[b"LEAF.TAG", b"SPLIT", b"ordered", b"2", b"1", b"1000"]).await,
+        "-ERR tag 'ordered' records order:strict: a strict or period tag has one order across the cluster and cannot be split between clusters; give each data centre its own tag\r\n"
+    );
+
+    // Rows changed under the node before its first request of each tag.
+    sqlite_execute(
+        &url,
+        "UPDATE leaf_alloc SET split = 'order:strict' WHERE biz_tag = 'trend'",
+    )
+    .await;
+    sqlite_execute(
+        &url,
+        "UPDATE leaf_alloc SET opaque = 'd9:0000000000000000' WHERE biz_tag = 'receipts'",
+    )
+    .await;
+    sqlite_execute(
+        &url,
+        "UPDATE leaf_alloc SET opaque = 'd10:0000000000000000' WHERE biz_tag = 'plain'",
+    )
+    .await;
+    assert_eq!(
+        one_line(&mut raw, &[b"INCR", b"segment:trend"]).await,
+        "-UNAVAILABLE segment for 'trend' exhausted and IDs refused: tag 'trend' records strict order (order:strict) and this node serves it in trend order, whose buffered IDs would come back out of order; configure order = \"strict\" for the tag on this node\r\n"
+    );
+    let refused = one_line(&mut raw, &[b"INCR", b"segment:receipts"]).await;
+    assert!(
+        refused.starts_with("-UNAVAILABLE segment for 'receipts' exhausted and opaque IDs refused: the tag served opaque IDs under another key or digit count (recorded d9:0000000000000000"),
+        "{refused}"
+    );
+    let refused = one_line(&mut raw, &[b"INCR", b"segment:plain"]).await;
+    assert!(
+        refused.starts_with("-UNAVAILABLE segment for 'plain' exhausted and plain IDs refused: the tag served opaque IDs of 10 digits (d10:0000000000000000)"),
+        "{refused}"
+    );
+
+    // The table is gone: an allocation's statement fails inside its transaction (a write that
+    // failed), and the read of a tag the node does not know fails outright (not a lost
+    // connection, so the database is said to have failed).
+    sqlite_execute(&url, "DROP TABLE leaf_alloc").await;
+    assert_eq!(
+        one_line(&mut raw, &[b"INCR", b"segment:gone"]).await,
+        "-UNAVAILABLE segment for 'gone' exhausted and database write failed: error returned from database: (code: 1) no such table: leaf_alloc\r\n"
+    );
+    assert_eq!(
+        one_line(&mut raw, &[b"INCR", b"segment:unknown"]).await,
+        "-UNAVAILABLE segment for 'unknown' exhausted and database failed: database error: error returned from database: (code: 1) no such table: leaf_alloc\r\n"
     );
     server.stop().await;
 }

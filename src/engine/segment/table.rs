@@ -23,8 +23,9 @@ pub(super) struct TagTable {
     /// Picks a tag's shard (the shards' own maps hash with their own seed).
     hasher: foldhash::fast::RandomState,
     /// Every tag's name in byte order (sharing the shards' copy), so a page of `LEAF.TAGS`
-    /// starts at its cursor without walking the tags before it. Changed only where a shard
-    /// is: admins, configuration and refreshes, never a request.
+    /// starts at its cursor without walking the tags before it. Changed with its shard, under
+    /// this lock: a tag added, rebuilt or forgotten (also by a request that met a changed or
+    /// missing row), and refreshes; a page holds the lock while it copies its names.
     names: Mutex<BTreeSet<Arc<[u8]>>>,
 }
 
