@@ -234,7 +234,10 @@ impl SegmentEngine {
                 self.rule_check(&buffer.name, STRICT_MARKER, STRICT_MARKER, &alloc)
                     .await?
             }
-            TagKind::Trend { .. } => self.split_check(&buffer.name, interleave, &alloc).await?,
+            TagKind::Trend { opaque } => {
+                self.split_check(&buffer.name, interleave, opaque.is_some(), &alloc)
+                    .await?
+            }
         };
         if let Err(refused) = checked {
             // A node that serves the tag by its row's record follows a changed record from
@@ -301,11 +304,13 @@ impl SegmentEngine {
     /// Whether this node's residue class may serve a range of the row: the class the row
     /// recorded (read in the allocation's transaction), or one inside it, which then becomes
     /// the record (a narrowed split; a node still on the wider class is refused from then on).
-    /// Any other class could reach IDs another cluster served.
+    /// Any other class could reach IDs another cluster served. `opaque`: this node hands out
+    /// the tag's IDs through the permutation (which only trend order serves).
     async fn split_check(
         &self,
         tag: &str,
         mine: Interleave,
+        opaque: bool,
         alloc: &LeafAlloc,
     ) -> Result<Result<(), LoadFailure>, StoreError> {
         let marker = mine.marker();
@@ -322,9 +327,15 @@ impl SegmentEngine {
             )));
         }
         if recorded == Some(STRICT_MARKER) {
+            // An opaque tag cannot be configured strict: the way out is the record.
+            let remedy = if opaque {
+                format!("opaque IDs are served in trend order only: once no node serves the tag strict, clear the record (UPDATE leaf_alloc SET split = NULL WHERE biz_tag = '{tag}'), or give the strict use a tag of its own")
+            } else {
+                "configure order = \"strict\" for the tag on this node".to_string()
+            };
             return Ok(Err(LoadFailure::Unavailable(
                 format!(
-                    "IDs refused: tag '{tag}' records strict order ({STRICT_MARKER}) and this node serves it in trend order, whose buffered IDs would come back out of order; configure order = \"strict\" for the tag on this node"
+                    "IDs refused: tag '{tag}' records strict order ({STRICT_MARKER}) and this node serves it in trend order, whose buffered IDs would come back out of order; {remedy}"
                 )
                 .into(),
             )));
