@@ -186,11 +186,8 @@ where
                 .bind(below)
                 .execute(&mut *tx)
                 .await?;
-            let row = sqlx::query(read).bind(tag).fetch_optional(&mut *tx).await?;
-            match row {
-                Some(row) => Ok((tx, (row.try_get(0)?, row.try_get(1)?))),
-                None => Err(StoreError::UnknownTag(tag.to_string())),
-            }
+            let row = Self::read_back(&mut tx, read, tag).await?;
+            Ok((tx, (row.try_get(0)?, row.try_get(1)?)))
         })
         .await
     }
@@ -224,11 +221,8 @@ where
                 query = query.bind(expected);
             }
             query.execute(&mut *tx).await?;
-            let row = sqlx::query(read).bind(tag).fetch_optional(&mut *tx).await?;
-            match row {
-                Some(row) => Ok((tx, row.try_get(0)?)),
-                None => Err(StoreError::UnknownTag(tag.to_string())),
-            }
+            let row = Self::read_back(&mut tx, read, tag).await?;
+            Ok((tx, row.try_get(0)?))
         })
         .await
     }
@@ -262,11 +256,8 @@ where
                 .bind(tag)
                 .execute(&mut *tx)
                 .await?;
-            let row = sqlx::query(read).bind(tag).fetch_optional(&mut *tx).await?;
-            match row {
-                Some(row) => Ok((tx, row.try_get(0)?)),
-                None => Err(StoreError::UnknownTag(tag.to_string())),
-            }
+            let row = Self::read_back(&mut tx, read, tag).await?;
+            Ok((tx, row.try_get(0)?))
         })
         .await
     }
@@ -294,10 +285,7 @@ where
                 .bind(like.as_str())
                 .execute(&mut *tx)
                 .await?;
-            let row = sqlx::query(read).bind(tag).fetch_optional(&mut *tx).await?;
-            let Some(row) = row else {
-                return Err(StoreError::UnknownTag(tag.to_string()));
-            };
+            let row = Self::read_back(&mut tx, read, tag).await?;
             let (max_id, split): (i64, Option<String>) = (row.try_get(0)?, row.try_get(1)?);
             if let Some(refused) = super::refused_rule(tag, split.as_deref(), Some(marker)) {
                 return Err(refused);
@@ -373,6 +361,20 @@ where
                 Ok(Err(super::not_allocated(row, tag, grant)))
             }
         }
+    }
+
+    /// The tag's row as `read` (binding the tag) selects it after a change in `tx`: the
+    /// unknown-tag error when the table has none.
+    async fn read_back(
+        tx: &mut Transaction<'static, DB>,
+        read: &str,
+        tag: &str,
+    ) -> Result<DB::Row, StoreError> {
+        sqlx::query(read)
+            .bind(tag)
+            .fetch_optional(&mut **tx)
+            .await?
+            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))
     }
 
     /// The newest migration applied (`None` before the first, or when it cannot be read).
