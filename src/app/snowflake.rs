@@ -89,38 +89,29 @@ pub(super) async fn start_snowflake(
                     config.storage.redacted_url()
                 ))
             })?;
-            let endpoint = coord::identity::endpoint(None, config.resp_bind())
-                .unwrap_or_else(|_| config.resp_bind().to_string());
-            Box::new(coord::lease::LeaseCoordinator {
+            lease_coordinator(
+                config,
+                layout,
+                &clock,
                 store,
-                endpoint,
-                max_worker_id: layout.max_worker_id(),
-                lease_ms: sf.database_lease_ms,
-                clock: clock.clone(),
-                state_file: config.storage.state_dir().join("snowflake-worker-db.json"),
-                layout: Arc::new(layout),
-                link: None,
-            })
+                sf.database_lease_ms,
+                "snowflake-worker-db.json",
+                None,
+            )
         }
         CoordinatorKind::Etcd => {
             let leases = coord::etcd::EtcdLeases::new(&sf.etcd)
                 .map_err(|e| CoordError::Database(e.to_string()))?;
             let link = leases.status.clone();
-            let endpoint = coord::identity::endpoint(None, config.resp_bind())
-                .unwrap_or_else(|_| config.resp_bind().to_string());
-            Box::new(coord::lease::LeaseCoordinator {
-                store: Arc::new(leases),
-                endpoint,
-                max_worker_id: layout.max_worker_id(),
-                lease_ms: sf.etcd.lease_ms,
-                clock: clock.clone(),
-                state_file: config
-                    .storage
-                    .state_dir()
-                    .join("snowflake-worker-etcd.json"),
-                layout: Arc::new(layout),
-                link: Some(link),
-            })
+            lease_coordinator(
+                config,
+                layout,
+                &clock,
+                Arc::new(leases),
+                sf.etcd.lease_ms,
+                "snowflake-worker-etcd.json",
+                Some(link),
+            )
         }
     };
     let settings = FenceSettings {
@@ -155,5 +146,30 @@ pub(super) async fn start_snowflake(
         engine: Some(Arc::new(engine)),
         worker: Some(worker),
         coordinator: coordinator.status(),
+    })
+}
+
+/// The lease coordinator over `store` (the database's table or etcd), remembering the id it
+/// held last in `state_name` in the state directory.
+fn lease_coordinator(
+    config: &Config,
+    layout: Layout,
+    clock: &Arc<dyn Clock>,
+    store: Arc<dyn crate::storage::WorkerLeaseStore>,
+    lease_ms: u64,
+    state_name: &str,
+    link: Option<Arc<coord::LinkStatus>>,
+) -> Box<dyn Coordinator> {
+    let endpoint = coord::identity::endpoint(None, config.resp_bind())
+        .unwrap_or_else(|_| config.resp_bind().to_string());
+    Box::new(coord::lease::LeaseCoordinator {
+        store,
+        endpoint,
+        max_worker_id: layout.max_worker_id(),
+        lease_ms,
+        clock: clock.clone(),
+        state_file: config.storage.state_dir().join(state_name),
+        layout: Arc::new(layout),
+        link,
     })
 }
