@@ -389,7 +389,7 @@ where
 /// The statements that move a tag's `max_id` (and `exclusive_max`, so the next allocation
 /// starts exactly there) up to a floor, leaving a higher value alone; then read it back.
 /// `exclusive_max` comes first: MySQL's SET sees the values assigned to its left.
-pub(crate) fn move_up_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> [String; 2] {
+fn move_up_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> [String; 2] {
     [
         format!(
             "UPDATE leaf_alloc SET \
@@ -408,7 +408,7 @@ pub(crate) fn move_up_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> [String; 2
 /// [`move_up_sql`] for a period tag entering a period under the rule bound 6th (and, with
 /// `:%` appended, 7th): a row that records another period rule is not moved. The read returns
 /// `max_id` and `split`, so the caller can tell.
-pub(crate) fn raise_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> (String, String) {
+fn raise_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> (String, String) {
     let [update, _] = move_up_sql(p);
     (
         format!(
