@@ -1,100 +1,13 @@
-//! What the SQL dialects' `SegmentStore`s do alike, whatever their allocation: list the table,
-//! record a tag's opaque-ID key and residue class, close the pool and lend the lease table.
+//! The statements the SQL dialects' `SegmentStore`s run alike, whatever their allocation: list
+//! the table, record a tag's opaque-ID key and residue class, guard the tag count.
 
-use std::fmt::Display;
 use std::marker::PhantomData;
 
-use sqlx::{
-    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Transaction, Type,
-};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Pool, Row, Transaction, Type};
 
 use super::committed::committed;
+use super::dialect::Dialect;
 use super::{Grant, LeafAlloc, StoreError};
-
-/// Implements [`super::SegmentStore`] for a store with a `pool` field: the methods every SQL
-/// dialect shares (their bodies in [`SharedSql`], or here where they use another macro), and
-/// the ones given in braces (its allocation, its writes and its tag list). `$p` numbers
-/// placeholders (see `storage::workers`).
-macro_rules! sql_segment_store {
-    (
-        $store:ty,
-        backend: $backend:literal,
-        placeholder: $p:path,
-        { $($own:item)* } $(,)?
-    ) => {
-        #[async_trait::async_trait]
-        impl $crate::storage::SegmentStore for $store {
-        $($own)*
-
-        async fn list(&self) -> Result<Vec<$crate::storage::LeafAlloc>, $crate::storage::StoreError> {
-            $crate::storage::common::SharedSql::list(&self.pool).await
-        }
-
-        async fn row(
-            &self,
-            tag: &str,
-        ) -> Result<Option<$crate::storage::LeafAlloc>, $crate::storage::StoreError> {
-            $crate::storage::common::SharedSql::row(&self.pool, $p, tag).await
-        }
-
-        async fn claim_opaque(
-            &self,
-            tag: &str,
-            marker: &str,
-            below: i64,
-        ) -> Result<(Option<String>, i64), $crate::storage::StoreError> {
-            $crate::storage::common::SharedSql::claim_opaque(&self.pool, $p, tag, marker, below)
-                .await
-        }
-
-        async fn claim_split(
-            &self,
-            tag: &str,
-            expected: Option<&str>,
-            split: Option<&str>,
-        ) -> Result<Option<String>, $crate::storage::StoreError> {
-            $crate::storage::common::SharedSql::claim_split(&self.pool, $p, tag, expected, split)
-                .await
-        }
-
-        async fn resplit(
-            &self,
-            tag: &str,
-            split: Option<&str>,
-            start: i64,
-        ) -> Result<i64, $crate::storage::StoreError> {
-            $crate::storage::common::SharedSql::resplit(&self.pool, $p, tag, split, start).await
-        }
-
-        async fn raise(
-            &self,
-            tag: &str,
-            floor: i64,
-            marker: &str,
-        ) -> Result<i64, $crate::storage::StoreError> {
-            $crate::storage::common::SharedSql::raise(&self.pool, $p, tag, floor, marker).await
-        }
-
-        async fn schema_version(&self) -> Option<i64> {
-            $crate::storage::common::SharedSql::schema_version(&self.pool).await
-        }
-
-        fn backend(&self) -> &'static str {
-            $backend
-        }
-
-        async fn close(&self) {
-            self.pool.close().await;
-        }
-
-        fn worker_leases(
-            self: std::sync::Arc<Self>,
-        ) -> Option<std::sync::Arc<dyn $crate::storage::WorkerLeaseStore>> {
-            Some(self)
-        }
-        }
-    };
-}
 
 /// How many rows a statement changed: each sqlx dialect reports it by a method of its own.
 pub(crate) trait RowsAffected {
@@ -121,12 +34,12 @@ impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
 
 /// The statements every SQL dialect runs alike, as functions generic over sqlx's database
 /// (the bounds say once what they need of it: `leaf_alloc`'s columns decode, text and
-/// integers bind). `p` numbers a dialect's placeholders.
+/// integers bind).
 pub(crate) struct SharedSql<DB>(PhantomData<DB>);
 
 impl<DB> SharedSql<DB>
 where
-    DB: Database,
+    DB: Dialect,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     &'static str: ColumnIndex<DB::Row>,
@@ -149,11 +62,21 @@ where
             .collect::<Result<Vec<_>, _>>()?)
     }
 
-    pub(crate) async fn row<S: Display>(
+    /// The tag list, `(tag, recorded rule)`.
+    pub(crate) async fn rules(
         pool: &Pool<DB>,
-        p: fn(usize) -> S,
-        tag: &str,
-    ) -> Result<Option<LeafAlloc>, StoreError> {
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let rows = sqlx::query("SELECT biz_tag, split FROM leaf_alloc")
+            .fetch_all(pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?)
+    }
+
+    pub(crate) async fn row(pool: &Pool<DB>, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
+        let p = DB::placeholder;
         let sql = format!("{}{}", super::ONE_ROW, p(1));
         let rows = sqlx::query(&sql).bind(tag).fetch_all(pool).await?;
         Ok(rows.first().map(LeafAlloc::from_row).transpose()?)
@@ -161,13 +84,13 @@ where
 
     /// Records `marker` as the tag's opaque-ID key unless one is recorded or `max_id` reached
     /// `below`; the record and `max_id` after.
-    pub(crate) async fn claim_opaque<S: Display>(
+    pub(crate) async fn claim_opaque(
         pool: &Pool<DB>,
-        p: fn(usize) -> S,
         tag: &str,
         marker: &str,
         below: i64,
     ) -> Result<(Option<String>, i64), StoreError> {
+        let p = DB::placeholder;
         let claim = format!(
             "UPDATE leaf_alloc SET opaque = {} WHERE biz_tag = {} AND opaque IS NULL AND max_id < {}",
             p(1),
@@ -193,13 +116,13 @@ where
     }
 
     /// Moves the tag's residue-class record to `split` when it is `expected`; the record after.
-    pub(crate) async fn claim_split<S: Display>(
+    pub(crate) async fn claim_split(
         pool: &Pool<DB>,
-        p: fn(usize) -> S,
         tag: &str,
         expected: Option<&str>,
         split: Option<&str>,
     ) -> Result<Option<String>, StoreError> {
+        let p = DB::placeholder;
         let claim = match expected {
             Some(_) => format!(
                 "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {} AND split = {}",
@@ -229,13 +152,13 @@ where
 
     /// Records `split` as the tag's residue class and moves `max_id` up to `start` (never down):
     /// a re-split; `max_id` after.
-    pub(crate) async fn resplit<S: Display>(
+    pub(crate) async fn resplit(
         pool: &Pool<DB>,
-        p: fn(usize) -> S,
         tag: &str,
         split: Option<&str>,
         start: i64,
     ) -> Result<i64, StoreError> {
+        let p = DB::placeholder;
         let record = format!(
             "UPDATE leaf_alloc SET split = {} WHERE biz_tag = {}",
             p(1),
@@ -264,13 +187,13 @@ where
 
     /// Moves a period tag's `max_id` up to `floor` (never down) unless its row records another
     /// period rule than `marker`; `max_id` after.
-    pub(crate) async fn raise<S: Display>(
+    pub(crate) async fn raise(
         pool: &Pool<DB>,
-        p: fn(usize) -> S,
         tag: &str,
         floor: i64,
         marker: &str,
     ) -> Result<i64, StoreError> {
+        let p = DB::placeholder;
         let (guarded, read) = &raise_sql(p);
         let like = format!("{marker}:%");
         let like = &like;
@@ -389,7 +312,7 @@ where
 /// The statements that move a tag's `max_id` (and `exclusive_max`, so the next allocation
 /// starts exactly there) up to a floor, leaving a higher value alone; then read it back.
 /// `exclusive_max` comes first: MySQL's SET sees the values assigned to its left.
-fn move_up_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> [String; 2] {
+fn move_up_sql(p: fn(usize) -> String) -> [String; 2] {
     [
         format!(
             "UPDATE leaf_alloc SET \
@@ -408,7 +331,7 @@ fn move_up_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> [String; 2] {
 /// [`move_up_sql`] for a period tag entering a period under the rule bound 6th (and, with
 /// `:%` appended, 7th): a row that records another period rule is not moved. The read returns
 /// `max_id` and `split`, so the caller can tell.
-fn raise_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> (String, String) {
+fn raise_sql(p: fn(usize) -> String) -> (String, String) {
     let [update, _] = move_up_sql(p);
     (
         format!(
@@ -419,5 +342,3 @@ fn raise_sql<S: std::fmt::Display>(p: fn(usize) -> S) -> (String, String) {
         format!("SELECT max_id, split FROM leaf_alloc WHERE biz_tag = {}", p(1)),
     )
 }
-
-pub(crate) use sql_segment_store;

@@ -5,6 +5,7 @@ mod batch;
 pub(crate) mod committed;
 mod common;
 mod deferred;
+mod dialect;
 mod error;
 pub(crate) mod failover;
 mod grant;
@@ -16,8 +17,8 @@ mod mysql;
 mod on_runtime;
 mod pg_hosts;
 mod postgres;
-mod returning;
 pub mod session;
+mod sql_store;
 mod sqlite;
 mod workers;
 

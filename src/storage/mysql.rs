@@ -5,11 +5,17 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
-use sqlx::Row;
+use async_trait::async_trait;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool};
+use sqlx::MySql;
 
 use super::committed::{connect_pool, pool_options};
-use super::{LeafAlloc, StoreError};
+use super::common::SharedSql;
+use super::dialect::Dialect;
+use super::locked::{InstanceFrom, LockedSql, LockedStatements};
+use super::sql_store::SqlStore;
+use super::workers::LeaseTable;
+use super::{Grant, LeafAlloc, NewTag, StoreError};
 use crate::config::StorageConfig;
 
 pub struct MySqlStore {
@@ -43,11 +49,12 @@ impl MySqlStore {
             created = super::migrate::lease_table_missing(&pool).await?;
             super::migrate::mysql(&pool, sqlx::migrate!("./migrations/mysql")).await?;
         }
-        let store = MySqlStore { pool, galera };
         if created {
-            store.record_new_lease_table().await?;
+            LeaseTable::new(pool.clone())
+                .record_new_lease_table()
+                .await?;
         }
-        Ok(store)
+        Ok(MySqlStore { pool, galera })
     }
 }
 
@@ -59,18 +66,6 @@ macro_rules! server_instance_sql {
     };
 }
 
-/// The instance a connection reaches: a Galera cluster's state UUID (every node of it holds
-/// every commit), otherwise [`server_instance_sql`].
-async fn instance(conn: &mut sqlx::MySqlConnection) -> Result<String, sqlx::Error> {
-    if let Some(uuid) = galera_uuid(conn).await? {
-        return Ok(format!("galera:{uuid}"));
-    }
-    let (id,): (String,) = sqlx::query_as(concat!("SELECT ", server_instance_sql!()))
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(id)
-}
-
 /// An allocation in one autocommitted `UPDATE` where the grant and the row allow it
 /// ([`super::Grant::single_statement`]), outside Galera (whose instance takes a statement of
 /// its own): the row lock is held while the statement runs, not across a transaction's round
@@ -79,7 +74,7 @@ async fn instance(conn: &mut sqlx::MySqlConnection) -> Result<String, sqlx::Erro
 async fn one_statement(
     store: &MySqlStore,
     tag: &str,
-    grant: &super::Grant,
+    grant: &Grant,
 ) -> Result<Option<LeafAlloc>, StoreError> {
     let Some((step, seen)) = grant.single_statement() else {
         return Ok(None);
@@ -136,7 +131,7 @@ async fn one_statement(
 }
 
 /// The state UUID of the Galera cluster the server belongs to, if it does.
-async fn galera_uuid(conn: &mut sqlx::MySqlConnection) -> Result<Option<String>, sqlx::Error> {
+async fn galera_uuid(conn: &mut MySqlConnection) -> Result<Option<String>, sqlx::Error> {
     let galera: Vec<(String, String)> =
         sqlx::query_as("SHOW GLOBAL STATUS LIKE 'wsrep_cluster_state_uuid'")
             .fetch_all(&mut *conn)
@@ -147,27 +142,9 @@ async fn galera_uuid(conn: &mut sqlx::MySqlConnection) -> Result<Option<String>,
         .find(|uuid| !uuid.is_empty()))
 }
 
-/// [`instance`] for an allocation: a server outside Galera gives its id in the lock
-/// statement (two round trips less per allocation).
-async fn locked_instance(
-    store: &MySqlStore,
-    conn: &mut sqlx::MySqlConnection,
-    row: &MySqlRow,
-) -> Result<String, sqlx::Error> {
-    if store.galera.load(Ordering::Relaxed) {
-        return instance(conn).await;
-    }
-    row.try_get("instance")
-}
-
-super::locked::locked_segment_store!(
-    MySqlStore,
-    backend: "mysql",
-    placeholder: super::workers::question,
-    instance: instance,
-    locked_instance: locked_instance,
-    one_statement: one_statement,
-    allocate_many: MySqlStore::allocate_each,
+/// The statements of a MySQL allocation, tag creation and step change (see
+/// [`LockedStatements`]).
+const STATEMENTS: LockedStatements = LockedStatements {
     lock: concat!(
         "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split, ",
         server_instance_sql!(),
@@ -178,9 +155,72 @@ super::locked::locked_segment_store!(
              (biz_tag, max_id, exclusive_max, step, description, writer, split) \
              VALUES (?, ?, ?, ?, ?, ?, ?)",
     set_step: "UPDATE leaf_alloc SET step = ? WHERE biz_tag = ?",
-);
+};
 
-/// The database's clock in UNIX milliseconds.
-const DB_NOW_MS: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+impl MySqlStore {
+    /// Where an allocation learns the instance: a server outside Galera gives its id in the
+    /// lock statement (two round trips less per allocation).
+    fn instance_from(&self) -> InstanceFrom {
+        if self.galera.load(Ordering::Relaxed) {
+            InstanceFrom::OwnStatement
+        } else {
+            InstanceFrom::LockedRow
+        }
+    }
+}
 
-super::workers::worker_lease_store!(MySqlStore, DB_NOW_MS, super::workers::question, instance);
+#[async_trait]
+impl SqlStore for MySqlStore {
+    type DB = MySql;
+
+    fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
+        if let Some(alloc) = one_statement(self, tag, &grant).await? {
+            return Ok(alloc);
+        }
+        LockedSql::allocate(&self.pool, &STATEMENTS, tag, &grant, self.instance_from()).await
+    }
+
+    async fn allocate_many(
+        &self,
+        requests: &[(String, Grant)],
+    ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
+        LockedSql::allocate_each(&self.pool, &STATEMENTS, requests, self.instance_from()).await
+    }
+
+    async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        SharedSql::rules(&self.pool).await
+    }
+
+    async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
+        LockedSql::create_tag(&self.pool, &STATEMENTS, new).await
+    }
+
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+        LockedSql::set_step(&self.pool, &STATEMENTS, tag, step).await
+    }
+}
+
+impl Dialect for MySql {
+    const BACKEND: &'static str = "mysql";
+    const NOW_MS: &'static str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+
+    fn placeholder(_: usize) -> String {
+        "?".into()
+    }
+
+    /// A Galera cluster's state UUID (every node of it holds every commit), otherwise
+    /// [`server_instance_sql`].
+    async fn instance(conn: &mut MySqlConnection) -> Result<String, sqlx::Error> {
+        if let Some(uuid) = galera_uuid(conn).await? {
+            return Ok(format!("galera:{uuid}"));
+        }
+        let (id,): (String,) = sqlx::query_as(concat!("SELECT ", server_instance_sql!()))
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(id)
+    }
+}

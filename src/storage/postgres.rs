@@ -4,12 +4,17 @@
 use std::collections::HashMap;
 use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPool};
-use sqlx::Row;
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
+use sqlx::{Postgres, Row};
 
 use super::committed::{connect_pool, pool_options};
-use super::locked::LockedRow;
-use super::{LeafAlloc, StoreError};
+use super::common::SharedSql;
+use super::dialect::Dialect;
+use super::locked::{InstanceFrom, LockedRow, LockedSql, LockedStatements};
+use super::sql_store::SqlStore;
+use super::workers::LeaseTable;
+use super::{Grant, LeafAlloc, NewTag, StoreError};
 use crate::config::StorageConfig;
 
 pub struct PostgresStore {
@@ -35,11 +40,12 @@ impl PostgresStore {
                 .run(&pool)
                 .await?;
         }
-        let store = PostgresStore { pool };
         if created {
-            store.record_new_lease_table().await?;
+            LeaseTable::new(pool.clone())
+                .record_new_lease_table()
+                .await?;
         }
-        Ok(store)
+        Ok(PostgresStore { pool })
     }
 }
 
@@ -53,21 +59,13 @@ macro_rules! instance_sql {
     };
 }
 
-/// The instance a connection reaches ([`instance_sql`]).
-async fn instance(conn: &mut sqlx::PgConnection) -> Result<String, sqlx::Error> {
-    let (id,): (String,) = sqlx::query_as(concat!("SELECT ", instance_sql!()))
-        .fetch_one(conn)
-        .await?;
-    Ok(id)
-}
-
 /// An allocation in one autocommitted `UPDATE … RETURNING` where the grant and the row allow
 /// it ([`super::Grant::single_statement`]): the row lock is held while the statement runs,
 /// not across a transaction's round trips. `None`: the statement moved nothing.
 async fn one_statement(
     store: &PostgresStore,
     tag: &str,
-    grant: &super::Grant,
+    grant: &Grant,
 ) -> Result<Option<LeafAlloc>, StoreError> {
     let Some((step, seen)) = grant.single_statement() else {
         return Ok(None);
@@ -96,15 +94,6 @@ async fn one_statement(
     Ok(Some(alloc))
 }
 
-/// [`instance`], computed by the lock statement itself (one round trip less per allocation).
-async fn locked_instance(
-    _store: &PostgresStore,
-    _conn: &mut sqlx::PgConnection,
-    row: &sqlx::postgres::PgRow,
-) -> Result<String, sqlx::Error> {
-    sqlx::Row::try_get(row, "instance")
-}
-
 /// The allocations of `requests` (a batch of different tags, see `storage::batch`) in one
 /// transaction of four round trips whatever their number: one statement locks every row, in
 /// the order of `requests` (which `storage::batch` sorts, and a node that locks its batch row
@@ -113,7 +102,7 @@ async fn locked_instance(
 /// that moved.
 async fn allocate_batch(
     store: &PostgresStore,
-    requests: &[(String, super::Grant)],
+    requests: &[(String, Grant)],
 ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
     super::committed::committed(&store.pool, |mut tx| async move {
         let tags: Vec<&str> = requests.iter().map(|(tag, _)| tag.as_str()).collect();
@@ -170,14 +159,9 @@ async fn allocate_batch(
     .await
 }
 
-super::locked::locked_segment_store!(
-    PostgresStore,
-    backend: "postgres",
-    placeholder: super::workers::dollar,
-    instance: instance,
-    locked_instance: locked_instance,
-    one_statement: one_statement,
-    allocate_many: allocate_batch,
+/// The statements of a PostgreSQL allocation, tag creation and step change (see
+/// [`LockedStatements`]).
+const STATEMENTS: LockedStatements = LockedStatements {
     lock: concat!(
         "SELECT biz_tag, max_id, step, description, writer, opaque, exclusive_max, split, ",
         instance_sql!(),
@@ -188,10 +172,66 @@ super::locked::locked_segment_store!(
     insert: "INSERT INTO leaf_alloc \
              (biz_tag, max_id, exclusive_max, step, description, writer, split) \
              VALUES ($1, $2, $3, $4::INT, $5, $6, $7)",
-    set_step: "UPDATE leaf_alloc SET step = $1::INT, update_time = CURRENT_TIMESTAMP WHERE biz_tag = $2",
-);
+    set_step:
+        "UPDATE leaf_alloc SET step = $1::INT, update_time = CURRENT_TIMESTAMP WHERE biz_tag = $2",
+};
 
-/// The database's clock in UNIX milliseconds.
-const DB_NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
+#[async_trait]
+impl SqlStore for PostgresStore {
+    type DB = Postgres;
 
-super::workers::worker_lease_store!(PostgresStore, DB_NOW_MS, super::workers::dollar, instance);
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
+        if let Some(alloc) = one_statement(self, tag, &grant).await? {
+            return Ok(alloc);
+        }
+        // The lock statement computes the instance (one round trip less per allocation).
+        LockedSql::allocate(
+            &self.pool,
+            &STATEMENTS,
+            tag,
+            &grant,
+            InstanceFrom::LockedRow,
+        )
+        .await
+    }
+
+    async fn allocate_many(
+        &self,
+        requests: &[(String, Grant)],
+    ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
+        allocate_batch(self, requests).await
+    }
+
+    async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        SharedSql::rules(&self.pool).await
+    }
+
+    async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
+        LockedSql::create_tag(&self.pool, &STATEMENTS, new).await
+    }
+
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+        LockedSql::set_step(&self.pool, &STATEMENTS, tag, step).await
+    }
+}
+
+impl Dialect for Postgres {
+    const BACKEND: &'static str = "postgres";
+    const NOW_MS: &'static str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
+
+    fn placeholder(n: usize) -> String {
+        format!("${n}")
+    }
+
+    /// [`instance_sql`].
+    async fn instance(conn: &mut PgConnection) -> Result<String, sqlx::Error> {
+        let (id,): (String,) = sqlx::query_as(concat!("SELECT ", instance_sql!()))
+            .fetch_one(conn)
+            .await?;
+        Ok(id)
+    }
+}

@@ -5,15 +5,21 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
+use async_trait::async_trait;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool};
+use sqlx::Sqlite;
 
-use super::committed::pool_options;
-use super::StoreError;
+use super::committed::{committed, pool_options};
+use super::common::SharedSql;
+use super::dialect::Dialect;
+use super::sql_store::SqlStore;
+use super::workers::LeaseTable;
+use super::{Grant, LeafAlloc, NewTag, StoreError};
 use crate::config::StorageConfig;
 
 pub struct SqliteStore {
     pool: SqlitePool,
-    /// One allocation of this process at a time (see `returning_segment_store`).
+    /// One allocation of this process at a time (see its `SqlStore` impl).
     writes: tokio::sync::Mutex<()>,
 }
 
@@ -65,14 +71,15 @@ impl SqliteStore {
             created = super::migrate::lease_table_missing(&pool).await?;
             super::migrate::sqlite(&pool, sqlx::migrate!("./migrations/sqlite")).await?;
         }
-        let store = SqliteStore {
+        if created {
+            LeaseTable::new(pool.clone())
+                .record_new_lease_table()
+                .await?;
+        }
+        Ok(SqliteStore {
             pool,
             writes: tokio::sync::Mutex::new(()),
-        };
-        if created {
-            store.record_new_lease_table().await?;
-        }
-        Ok(store)
+        })
     }
 }
 
@@ -120,40 +127,126 @@ async fn rules(store: &SqliteStore) -> Result<Vec<(String, Option<String>)>, Sto
     Ok(rules)
 }
 
-// The guard in `allocate` keeps `max_id + step` from overflowing (SQLite would store a REAL).
-super::returning::returning_segment_store!(
-    SqliteStore,
-    backend: "sqlite",
-    placeholder: super::workers::question,
-    rules: rules,
-    // SET reads the row as it was: the range starts at the old max_id when exclusive_max says
-    // a leafd allocation left it unserved, else one above it (see migration 0005).
-    allocate: "UPDATE leaf_alloc SET \
-               max_id = max_id + COALESCE(?1, step) \
-                 + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END, \
-               exclusive_max = max_id + COALESCE(?1, step) \
-                 + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END, \
-               update_time = CURRENT_TIMESTAMP \
-               WHERE biz_tag = ?2 AND max_id <= 9223372036854775806 - COALESCE(?1, step) \
-               AND (?3 IS NULL OR (max_id + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END) % ?3 \
-                   + COALESCE(?1, step) <= ?4) \
-               AND (split IS NULL OR split NOT LIKE 'period:%' OR split = ?5 OR split LIKE ?5 || ':%') \
-               RETURNING biz_tag, max_id, step, description, opaque, split",
-    exists: "SELECT max_id, exclusive_max, step, split FROM leaf_alloc WHERE biz_tag = ?1",
-    insert: "INSERT INTO leaf_alloc (biz_tag, max_id, exclusive_max, step, description, split) \
-             VALUES (?1, ?2, ?2, ?3, ?4, ?5)",
-    set_step: "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2",
-);
+/// An allocation in one statement. It binds, in order: the step (`NULL`: the row's), the tag,
+/// the window's span and usable positions (both `NULL` without a window) and the caller's
+/// period rule (`NULL`: none; a row recording a period is moved only under it); it sets
+/// `exclusive_max` to the new `max_id` (see [`super::SegmentStore::allocate`]). SET reads the
+/// row as it was: the range starts at the old max_id when exclusive_max says a leafd
+/// allocation left it unserved, else one above it (see migration 0005). The guard on `max_id`
+/// keeps `max_id + step` from overflowing (SQLite would store a REAL).
+const ALLOCATE: &str = "UPDATE leaf_alloc SET \
+    max_id = max_id + COALESCE(?1, step) \
+      + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END, \
+    exclusive_max = max_id + COALESCE(?1, step) \
+      + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END, \
+    update_time = CURRENT_TIMESTAMP \
+    WHERE biz_tag = ?2 AND max_id <= 9223372036854775806 - COALESCE(?1, step) \
+    AND (?3 IS NULL OR (max_id + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END) % ?3 \
+        + COALESCE(?1, step) <= ?4) \
+    AND (split IS NULL OR split NOT LIKE 'period:%' OR split = ?5 OR split LIKE ?5 || ':%') \
+    RETURNING biz_tag, max_id, step, description, opaque, split";
 
-/// The database's clock in UNIX milliseconds.
-const DB_NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
+/// What an allocation that moved nothing found, binding the tag.
+const EXISTS: &str = "SELECT max_id, exclusive_max, step, split FROM leaf_alloc WHERE biz_tag = ?1";
 
-/// One file, one instance: SQLite has no replica to fail over to.
-async fn instance(_: &mut sqlx::SqliteConnection) -> Result<String, sqlx::Error> {
-    Ok("sqlite".into())
+/// A new tag: tag, start (its `max_id` and `exclusive_max`), step, description, split.
+const INSERT: &str =
+    "INSERT INTO leaf_alloc (biz_tag, max_id, exclusive_max, step, description, split) \
+    VALUES (?1, ?2, ?2, ?3, ?4, ?5)";
+
+const SET_STEP: &str =
+    "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2";
+
+/// One file has one writer: a SQLite database has no replica to fail over to, so the failover
+/// margin of a grant never applies, and `writes` lets one allocation of this process at a time
+/// ask for the file's write lock: connections that find it taken sleep in SQLite's busy handler
+/// (1 ms, 2 ms, 5 ms …) while the lock, held a tenth of a millisecond, goes unused.
+#[async_trait]
+impl SqlStore for SqliteStore {
+    type DB = Sqlite;
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
+        let grant = &grant;
+        let _one_writer = self.writes.lock().await;
+        committed(&self.pool, |mut tx| async move {
+            let alloc =
+                SharedSql::allocate_returning(&mut tx, tag, grant, ALLOCATE, EXISTS).await?;
+            Ok((tx, alloc?))
+        })
+        .await
+    }
+
+    async fn allocate_many(
+        &self,
+        requests: &[(String, Grant)],
+    ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
+        let _one_writer = self.writes.lock().await;
+        committed(&self.pool, |mut tx| async move {
+            let mut out = Vec::with_capacity(requests.len());
+            for (tag, grant) in requests {
+                out.push(
+                    SharedSql::allocate_returning(&mut tx, tag, grant, ALLOCATE, EXISTS).await?,
+                );
+            }
+            Ok((tx, out))
+        })
+        .await
+    }
+
+    async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        rules(self).await
+    }
+
+    async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
+        committed(&self.pool, |mut tx| async move {
+            SharedSql::guard_tag_count(&mut tx, new.max_tags).await?;
+            sqlx::query(INSERT)
+                .bind(new.tag.as_str())
+                .bind(new.start)
+                .bind(new.step)
+                .bind(new.description.as_deref())
+                .bind(new.split.as_deref())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| super::insert_error(e, &new.tag))?;
+            Ok((tx, ()))
+        })
+        .await
+    }
+
+    async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
+        committed(&self.pool, |mut tx| async move {
+            let done = sqlx::query(SET_STEP)
+                .bind(step)
+                .bind(tag)
+                .execute(&mut *tx)
+                .await?;
+            if done.rows_affected() == 0 {
+                return Err(StoreError::UnknownTag(tag.to_string()));
+            }
+            Ok((tx, ()))
+        })
+        .await
+    }
 }
 
-super::workers::worker_lease_store!(SqliteStore, DB_NOW_MS, super::workers::question, instance);
+impl Dialect for Sqlite {
+    const BACKEND: &'static str = "sqlite";
+    const NOW_MS: &'static str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
+
+    fn placeholder(_: usize) -> String {
+        "?".into()
+    }
+
+    /// One file, one instance: SQLite has no replica to fail over to.
+    async fn instance(_: &mut SqliteConnection) -> Result<String, sqlx::Error> {
+        Ok("sqlite".into())
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -179,17 +272,15 @@ mod tests {
             ("", None),
             ("f", Some("2:1")),
         ] {
-            store
-                .create_tag(&NewTag {
-                    tag: tag.into(),
-                    step: 10,
-                    start: 1,
-                    description: None,
-                    split: split.map(str::to_string),
-                    max_tags: 100,
-                })
-                .await
-                .unwrap();
+            let new = NewTag {
+                tag: tag.into(),
+                step: 10,
+                start: 1,
+                description: None,
+                split: split.map(str::to_string),
+                max_tags: 100,
+            };
+            SegmentStore::create_tag(&store, &new).await.unwrap();
         }
         let mut listed = rules(&store).await.unwrap();
         listed.sort();
@@ -205,7 +296,7 @@ mod tests {
         .map(|(tag, split)| (tag.to_string(), split.map(str::to_string)))
         .collect();
         assert_eq!(listed, expected);
-        store.close().await;
+        SegmentStore::close(&store).await;
     }
 
     #[test]
