@@ -1,6 +1,8 @@
 //! Leaf-segment: each tag hands out IDs from an in-memory segment reserved in the database,
 //! with the next segment preloaded in the background so requests rarely wait for storage.
 
+mod admin;
+mod admit;
 mod buffer;
 mod entry;
 mod load;

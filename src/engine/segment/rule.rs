@@ -3,7 +3,11 @@
 
 use std::sync::Arc;
 
-use super::{load, Calendar, PeriodRule};
+/// What a strict tag's row records (in its `split` column, which a strict tag does not
+/// otherwise use): a node serving the tag in trend order is refused.
+pub const STRICT_MARKER: &str = "order:strict";
+
+use super::{Calendar, PeriodRule};
 
 /// Longest prefix of a period tag's string form: its row records the prefix with the rule, in
 /// a column of 255 characters.
@@ -26,7 +30,7 @@ impl TagRule {
     pub fn record(&self) -> Option<String> {
         match self {
             TagRule::Trend => None,
-            TagRule::Strict => Some(load::STRICT_MARKER.to_string()),
+            TagRule::Strict => Some(STRICT_MARKER.to_string()),
             TagRule::Period(rule) => Some(rule.record()),
         }
     }
@@ -89,7 +93,7 @@ impl TagRule {
     /// recorded in full, strict order, or else trend (which the allocation then checks).
     pub fn from_record(recorded: Option<&str>) -> TagRule {
         match recorded {
-            Some(load::STRICT_MARKER) => TagRule::Strict,
+            Some(STRICT_MARKER) => TagRule::Strict,
             Some(r) => PeriodRule::from_record(r)
                 .map(|rule| TagRule::Period(Arc::new(rule)))
                 .unwrap_or(TagRule::Trend),

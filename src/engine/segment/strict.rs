@@ -241,7 +241,7 @@ impl SegmentEngine {
         let floor = rule.first_position(now);
         let marker = rule.marker();
         let raised =
-            super::tags::retry_conflicts(|| self.store.raise(&buffer.name, floor, &marker)).await;
+            super::admin::retry_conflicts(|| self.store.raise(&buffer.name, floor, &marker)).await;
         match raised {
             Ok(max_id) => {
                 let mut st = buffer.lock();

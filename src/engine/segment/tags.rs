@@ -1,13 +1,13 @@
-//! The tag set: tag-name rules, the map re-read from the table (periodically; a miss reads its row),
-//! and the admin operations (create, step, skip).
+//! The tag set: tag-name rules and the map re-read from the table (periodically; a miss reads
+//! its row).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{store_reason, Interleave, SegmentEngine, SegmentError, TagBuffer, TagEntry, TagRule};
-use crate::storage::{NewTag, StoreError};
+use super::{store_reason, SegmentEngine, SegmentError, TagBuffer, TagEntry};
+use crate::storage::StoreError;
 
 /// Longest tag name, the width of `leaf_alloc.biz_tag`.
 pub const MAX_TAG_LEN: usize = 128;
@@ -77,7 +77,7 @@ impl SegmentEngine {
     }
 
     /// Adds a tag of the table to the map, unless it is there already.
-    fn insert_entry(&self, tag: &str, recorded: Option<&str>) {
+    pub(super) fn insert_entry(&self, tag: &str, recorded: Option<&str>) {
         self.tags.insert_if_absent(tag, || TagEntry::new(recorded));
     }
 
@@ -155,278 +155,6 @@ impl SegmentEngine {
         self.tags.remove(tag);
     }
 
-    /// What a tag's row records of this node's rule for it, from its creation on: a period's
-    /// calendar and digits, strict order, or the data-centre split (`None`: trend order over
-    /// the whole ID space). A node configured otherwise is refused by every allocation.
-    fn rule_record_of(&self, tag: &str, rule: &TagRule) -> Option<String> {
-        rule.record()
-            .or_else(|| self.settings.interleave_of(tag).marker())
-    }
-
-    /// Creates a tag whose first ID is `start`, by this node's configuration of it.
-    pub async fn create_tag(
-        &self,
-        tag: &str,
-        step: i64,
-        start: i64,
-        description: Option<&str>,
-    ) -> Result<(), SegmentError> {
-        self.create_ruled_tag(tag, step, start, description, None)
-            .await
-    }
-
-    /// Creates a tag whose first ID is `start`, with `rule` (`LEAF.TAG CREATE … ORDER strict`,
-    /// `… PERIOD daily`) recorded in its row, which every node that does not configure the
-    /// tag follows; `None`: this node's configuration of the tag.
-    pub async fn create_ruled_tag(
-        &self,
-        tag: &str,
-        step: i64,
-        start: i64,
-        description: Option<&str>,
-        rule: Option<TagRule>,
-    ) -> Result<(), SegmentError> {
-        validate_tag_name(tag).map_err(SegmentError::Invalid)?;
-        self.validate_step(step)?;
-        if !(1..=MAX_TAG_START).contains(&start) {
-            return Err(SegmentError::Invalid(format!(
-                "start must be between 1 and {MAX_TAG_START}"
-            )));
-        }
-        let rule = match rule {
-            None => self.settings.configured_rule(tag),
-            Some(TagRule::Trend) if !self.settings.follows_row(tag) => {
-                self.settings.configured_rule(tag)
-            }
-            Some(_) if !self.settings.follows_row(tag) => {
-                return Err(SegmentError::Invalid(format!(
-                    "tag '{tag}' is configured on this node (or this node hands out a split of the ID space): its order and period come from the configuration; create it without ORDER or PERIOD"
-                )))
-            }
-            Some(rule) => rule,
-        };
-        if matches!(rule, TagRule::Period(_)) && start != 1 {
-            return Err(SegmentError::Invalid(
-                "a period tag's sequence starts at 1 each period: give no start".into(),
-            ));
-        }
-        let _writer = self.tag_writer.lock().await;
-        // Counted and inserted in one transaction behind a database-wide guard: nodes
-        // creating tags at once stop at exactly the limit.
-        let new = NewTag {
-            tag: tag.to_string(),
-            step,
-            start,
-            description: description.map(str::to_string),
-            split: self.rule_record_of(tag, &rule),
-            max_tags: self.settings.max_tags,
-        };
-        // Two members of a multi-primary cluster may update the guard at once.
-        retry_conflicts(|| self.store.create_tag(&new)).await?;
-        self.insert_entry(tag, new.split.as_deref());
-        Ok(())
-    }
-
-    /// Creates a tag unless it exists (config seeds).
-    pub async fn ensure_tag(
-        &self,
-        tag: &str,
-        step: i64,
-        start: i64,
-        description: Option<&str>,
-    ) -> Result<bool, SegmentError> {
-        match self.create_tag(tag, step, start, description).await {
-            Ok(()) => Ok(true),
-            Err(SegmentError::TagExists(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Moves a tag's `max_id` forward by `n` without handing out the skipped IDs (the runbook
-    /// after a database restore or a lossy failover); returns the new `max_id`. A period tag
-    /// (as its row records it) skips `n` numbers of its current period, at most the rest of
-    /// it: never into a later period, whose numbers start at 1 as always.
-    pub async fn skip(&self, tag: &str, n: i64) -> Result<i64, SegmentError> {
-        let row = self.store.row(tag).await?;
-        let Some(row) = row else {
-            return Err(SegmentError::UnknownTag(tag.to_string()));
-        };
-        self.skip_row(tag, row.split.as_deref(), n).await
-    }
-
-    /// [`SegmentEngine::skip`] of a tag whose row records `recorded` (its split column).
-    async fn skip_row(
-        &self,
-        tag: &str,
-        recorded: Option<&str>,
-        n: i64,
-    ) -> Result<i64, SegmentError> {
-        if n < 1 {
-            return Err(SegmentError::Invalid(
-                "skip must be a positive number of IDs".into(),
-            ));
-        }
-        let margin = self.settings.failover_margin;
-        // The row's rule, else (a row no period node has recorded yet) this node's.
-        let configured = self.settings.period.get(tag);
-        let rule: Option<std::sync::Arc<str>> = super::period::marker_of_record(recorded)
-            .or_else(|| configured.map(|rule| rule.marker()))
-            .map(Into::into);
-        let window = super::period::window_of_marker(recorded)
-            .or_else(|| configured.map(|rule| rule.window()));
-        let Some(window) = window else {
-            let grant = crate::storage::Grant::step(Some(n), margin);
-            let alloc = retry_conflicts(|| self.store.allocate(tag, grant.clone())).await?;
-            return Ok(self.skipped(tag, n, alloc));
-        };
-        // This node's period first, when it serves the tag with a period: the numbers a
-        // restore lost are of the period the cluster is in, not of the row's older one.
-        let known = self.buffer_of(tag);
-        let same = |rule: &super::PeriodRule| {
-            recorded.is_none_or(|r| super::period::same_rule(r, &rule.marker()))
-        };
-        if let Some(rule) = known
-            .as_ref()
-            .and_then(|b| b.kind.period().cloned())
-            .filter(|r| same(r))
-        {
-            let floor = rule.first_position(rule.period_at(self.clock.now_millis()));
-            let marker = rule.marker();
-            retry_conflicts(|| self.store.raise(tag, floor, &marker)).await?;
-        }
-        let mut wanted = n;
-        for _ in 0..4 {
-            let grant = crate::storage::Grant {
-                step: Some(wanted),
-                failover_margin: margin,
-                window: Some(window),
-                period_rule: rule.clone(),
-                seen: None,
-            };
-            match retry_conflicts(|| self.store.allocate(tag, grant.clone())).await {
-                Ok(alloc) => return Ok(self.skipped(tag, wanted, alloc)),
-                // The period has fewer numbers left: all of them are skipped.
-                Err(StoreError::PastEnd { left, max_id, .. }) => {
-                    if left == 0 {
-                        tracing::warn!(tag, max_id, "skip: the tag's period has no number left");
-                        return Ok(max_id);
-                    }
-                    wanted = left;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(SegmentError::Unavailable {
-            tag: tag.to_string(),
-            reason: "the period's numbers kept changing under the skip; try again".into(),
-        })
-    }
-
-    /// After an operator's change of the row: this node's next request asks the database.
-    fn forget_failure(&self, tag: &str) {
-        if let Some(buffer) = self.loaded_buffer_of(tag) {
-            buffer.lock().forget_failure();
-            buffer
-                .period_exhausted
-                .store(0, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    fn skipped(&self, tag: &str, n: i64, alloc: crate::storage::LeafAlloc) -> i64 {
-        self.note_failover(tag, &alloc);
-        self.forget_failure(tag);
-        tracing::warn!(
-            tag,
-            skipped = n,
-            max_id = alloc.max_id,
-            "tag moved forward by an operator"
-        );
-        alloc.max_id
-    }
-
-    /// The operator's re-split of a tag (`LEAF.TAG SPLIT`): records `split` as the tag's class
-    /// and moves its `max_id` up to `start`; returns the `max_id` after. Run in every cluster
-    /// with a `start` above every cluster's `max_id`, no ID below it is handed out again.
-    pub async fn resplit(
-        &self,
-        tag: &str,
-        split: Interleave,
-        start: i64,
-    ) -> Result<i64, SegmentError> {
-        if split.delta < 1 || !(0..split.delta).contains(&split.remainder) {
-            return Err(SegmentError::Invalid(
-                "split needs delta >= 1 and 0 <= remainder < delta".into(),
-            ));
-        }
-        if !(1..=MAX_TAG_START).contains(&start) {
-            return Err(SegmentError::Invalid(format!(
-                "start must be between 1 and {MAX_TAG_START}"
-            )));
-        }
-        let row = self.store.row(tag).await?;
-        let Some(row) = row else {
-            return Err(SegmentError::UnknownTag(tag.to_string()));
-        };
-        if let Some(rule) = row.split.as_deref().filter(|r| {
-            r.starts_with(super::period::PERIOD_MARKER) || *r == super::load::STRICT_MARKER
-        }) {
-            return Err(SegmentError::Invalid(format!(
-                "tag '{tag}' records {rule}: a strict or period tag has one order across the cluster and cannot be split between clusters; give each data centre its own tag"
-            )));
-        }
-        let marker = split.marker();
-        let max_id = retry_conflicts(|| self.store.resplit(tag, marker.as_deref(), start)).await?;
-        self.forget_failure(tag);
-        tracing::warn!(
-            tag,
-            split = split.marker().as_deref().unwrap_or("none"),
-            start,
-            max_id,
-            "tag re-split by an operator"
-        );
-        Ok(max_id)
-    }
-
-    /// [`SegmentEngine::skip`] for every tag in the table; returns each tag's new `max_id`.
-    pub async fn skip_all(&self, n: i64) -> Result<Vec<(String, i64)>, SegmentError> {
-        let mut moved = Vec::new();
-        for row in self.store.list().await? {
-            let max_id = self.skip_row(&row.tag, row.split.as_deref(), n).await?;
-            moved.push((row.tag.clone(), max_id));
-        }
-        Ok(moved)
-    }
-
-    /// The sequential ID behind an opaque ID of `tag` (the permutation inverted with the key).
-    pub fn reveal(&self, tag: &str, id: i64) -> Result<i64, SegmentError> {
-        let cipher = self.settings.opaque.get(tag).ok_or_else(|| {
-            SegmentError::Invalid(format!("tag '{tag}' does not hand out opaque IDs"))
-        })?;
-        cipher.decode(id).ok_or_else(|| {
-            SegmentError::Invalid(format!(
-                "{id} is not an opaque ID of tag '{tag}': they are {} to {}",
-                cipher.first_id(),
-                cipher.first_id() + cipher.capacity() - 1
-            ))
-        })
-    }
-
-    /// Changes the step stored for a tag; it applies from the tag's next load.
-    pub async fn set_step(&self, tag: &str, step: i64) -> Result<(), SegmentError> {
-        self.validate_step(step)?;
-        Ok(retry_conflicts(|| self.store.set_step(tag, step)).await?)
-    }
-
-    pub fn validate_step(&self, step: i64) -> Result<(), SegmentError> {
-        if !(1..=self.settings.max_step).contains(&step) {
-            return Err(SegmentError::Invalid(format!(
-                "step must be between 1 and {}",
-                self.settings.max_step
-            )));
-        }
-        Ok(())
-    }
-
     /// Re-reads the tag list every `interval` until `shutdown` is cancelled.
     pub fn spawn_refresher(
         self: &Arc<Self>,
@@ -450,24 +178,5 @@ impl SegmentEngine {
                 }
             }
         })
-    }
-}
-
-/// An admin write retried while it loses to a concurrent transaction (a Galera certification
-/// failure against an allocation on another member, a deadlock): up to 10 times, briefly.
-pub(super) async fn retry_conflicts<T, F, Fut>(mut write: F) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, StoreError>>,
-{
-    let mut attempts = 0;
-    loop {
-        match write().await {
-            Err(e) if e.is_conflict() && attempts < 10 => {
-                attempts += 1;
-                tokio::time::sleep(Duration::from_millis(5 + fastrand::u64(..20))).await;
-            }
-            result => return result,
-        }
     }
 }
