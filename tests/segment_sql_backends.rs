@@ -646,6 +646,17 @@ macro_rules! backend_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_tag_list_is_read_page_by_page() {
+                let Some(url) = $backend
+                    .fresh_database(concat!(stringify!($module), "::the_tag_list_paged"))
+                    .await
+                else {
+                    return;
+                };
+                scenarios::the_tag_list_is_read_page_by_page(&url).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn three_nodes_share_one_database() {
                 let Some(url) = $backend
                     .fresh_database(concat!(

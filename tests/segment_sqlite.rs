@@ -19,6 +19,13 @@ async fn sqlite_server() -> (TestServer, tempfile::TempDir) {
     (server, dir)
 }
 
+#[tokio::test]
+async fn the_tag_list_is_read_page_by_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("paged.db").display());
+    scenarios::the_tag_list_is_read_page_by_page(&url).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_tag_counts_from_one() {
     let (server, _dir) = sqlite_server().await;

@@ -75,6 +75,33 @@ where
             .collect::<Result<Vec<_>, sqlx::Error>>()?)
     }
 
+    /// [`super::SegmentStore::rules_after`]: keyset pages in the column's own collation (whose
+    /// order is the one `>` follows, so every row is read once).
+    pub(crate) async fn rules_after(
+        pool: &Pool<DB>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let rows = match after {
+            None => {
+                let sql =
+                    format!("SELECT biz_tag, split FROM leaf_alloc ORDER BY biz_tag LIMIT {limit}");
+                sqlx::query(&sql).fetch_all(pool).await?
+            }
+            Some(after) => {
+                let sql = format!(
+                    "SELECT biz_tag, split FROM leaf_alloc WHERE biz_tag > {} ORDER BY biz_tag LIMIT {limit}",
+                    DB::placeholder(1)
+                );
+                sqlx::query(&sql).bind(after).fetch_all(pool).await?
+            }
+        };
+        Ok(rows
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?)
+    }
+
     pub(crate) async fn row(pool: &Pool<DB>, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         let p = DB::placeholder;
         let sql = format!("{}{}", super::ONE_ROW, p(1));

@@ -64,6 +64,14 @@ impl SegmentStore for DeferredStore {
         self.store()?.rules().await
     }
 
+    async fn rules_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        self.store()?.rules_after(after, limit).await
+    }
+
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         self.store()?.row(tag).await
     }

@@ -32,6 +32,12 @@ impl MemoryStore {
         MemoryStore::default()
     }
 
+    /// Deletes a row, as an operator's `DELETE FROM leaf_alloc` would.
+    #[cfg(test)]
+    pub(crate) fn delete_row(&self, tag: &str) {
+        self.rows().remove(tag);
+    }
+
     fn rows(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, LeafAlloc>> {
         // A panic while holding this lock cannot leave a row half-written, so poisoning is moot.
         self.rows.lock().unwrap_or_else(|p| p.into_inner())
@@ -89,6 +95,21 @@ impl SegmentStore for MemoryStore {
         Ok(rows
             .values()
             .map(|r| (r.tag.clone(), r.split.clone()))
+            .collect())
+    }
+
+    async fn rules_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        use std::ops::Bound;
+        let rows = self.rows();
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        Ok(rows
+            .range::<str, _>((from, Bound::Unbounded))
+            .take(limit)
+            .map(|(_, r)| (r.tag.clone(), r.split.clone()))
             .collect())
     }
 

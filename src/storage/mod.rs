@@ -103,6 +103,14 @@ pub trait SegmentStore: Send + Sync + 'static {
     /// holds, read without the rest of each row.
     async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError>;
 
+    /// Up to `limit` rows of [`SegmentStore::rules`] after the tag `after` (`None`: from the
+    /// first), in the database's own order of `biz_tag`: the tag list read page by page.
+    async fn rules_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError>;
+
     /// One row of the table (`None`: no such tag), for a tag a node meets for the first time:
     /// one indexed read, whatever the number of tags.
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError>;

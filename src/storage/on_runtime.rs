@@ -68,6 +68,16 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
         self.run(|s| async move { s.rules().await }).await
     }
 
+    async fn rules_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let after = after.map(str::to_string);
+        self.run(|s| async move { s.rules_after(after.as_deref(), limit).await })
+            .await
+    }
+
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         let tag = tag.to_string();
         self.run(|s| async move { s.row(&tag).await }).await

@@ -210,6 +210,14 @@ impl SqlStore for PostgresStore {
         SharedSql::rules(&self.pool).await
     }
 
+    async fn rules_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        SharedSql::rules_after(&self.pool, after, limit).await
+    }
+
     async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
         LockedSql::create_tag(&self.pool, &STATEMENTS, new).await
     }

@@ -31,6 +31,13 @@ pub(crate) trait SqlStore: Send + Sync + 'static {
     /// See [`SegmentStore::rules`].
     async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError>;
 
+    /// See [`SegmentStore::rules_after`].
+    async fn rules_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError>;
+
     /// See [`SegmentStore::create_tag`].
     async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError>;
 
@@ -78,6 +85,14 @@ where
 
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         SharedSql::row(self.pool(), tag).await
+    }
+
+    async fn rules_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        SqlStore::rules_after(self, after, limit).await
     }
 
     async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {

@@ -127,6 +127,49 @@ async fn rules(store: &SqliteStore) -> Result<Vec<(String, Option<String>)>, Sto
     Ok(rules)
 }
 
+/// A page of the tag list ([`super::SegmentStore::rules_after`]) the way [`rules`] reads it
+/// all: the names recording no rule joined into one text, the others row by row, from one
+/// snapshot; sorted (SQLite's order of `biz_tag` is the bytes'), so the last is the cursor.
+async fn rules_after(
+    store: &SqliteStore,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, Option<String>)>, StoreError> {
+    // Two texts, not `?1 IS NULL OR …`, which would keep the index from starting at `after`.
+    let from = if after.is_some() {
+        "WHERE biz_tag > ?1"
+    } else {
+        ""
+    };
+    let page =
+        format!("SELECT biz_tag, split FROM leaf_alloc {from} ORDER BY biz_tag LIMIT {limit}");
+    let mut tx = store.pool.begin().await?;
+    let joined: Option<String> = sqlx::query_scalar(&format!(
+        "SELECT group_concat(biz_tag, char(30)) FROM ({page}) \
+         WHERE split IS NULL AND instr(biz_tag, char(30)) = 0"
+    ))
+    .bind(after.unwrap_or_default())
+    .fetch_one(&mut *tx)
+    .await?;
+    let mut rules: Vec<(String, Option<String>)> = sqlx::query_as(&format!(
+        "SELECT biz_tag, split FROM ({page}) \
+         WHERE split IS NOT NULL OR instr(biz_tag, char(30)) > 0"
+    ))
+    .bind(after.unwrap_or_default())
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.rollback().await?;
+    if let Some(joined) = joined {
+        rules.extend(
+            joined
+                .split(TAG_SEPARATOR)
+                .map(|tag| (tag.to_string(), None)),
+        );
+    }
+    rules.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(rules)
+}
+
 /// An allocation in one statement. It binds, in order: the step (`NULL`: the row's), the tag,
 /// the window's span and usable positions (both `NULL` without a window) and the caller's
 /// period rule (`NULL`: none; a row recording a period is moved only under it); it sets
@@ -199,6 +242,14 @@ impl SqlStore for SqliteStore {
 
     async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
         rules(self).await
+    }
+
+    async fn rules_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        rules_after(self, after, limit).await
     }
 
     async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {

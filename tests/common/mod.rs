@@ -349,6 +349,14 @@ impl SegmentStore for FlakyStore {
         self.gate().await?;
         self.inner.rules().await
     }
+    async fn rules_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        self.gate().await?;
+        self.inner.rules_after(after, limit).await
+    }
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         self.gate().await?;
         self.inner.row(tag).await

@@ -457,3 +457,51 @@ pub async fn opaque_ids(url: &str) {
         node.stop().await;
     }
 }
+
+/// The tag list read page by page (`rules_after`, the periodic sweep's read) on the store the
+/// URL names: every row exactly once with its record, whatever the page size, for names that
+/// sort differently by bytes and by a case-insensitive collation.
+pub async fn the_tag_list_is_read_page_by_page(url: &str) {
+    use leafd::storage::NewTag;
+    let config = leafd::config::StorageConfig {
+        url: url.to_string(),
+        ..leafd::config::StorageConfig::default()
+    };
+    let store = leafd::storage::open(&config, true).await.unwrap();
+    let mut expected = std::collections::BTreeMap::new();
+    let tags = [
+        "B", "a", "ab", "C_", "c", "Z9", "z8", "0", "_x", "m-1", "m.2", "p-last", "d\u{1e}e",
+    ];
+    for (i, tag) in tags.iter().map(|tag| tag.to_string()).enumerate() {
+        let split = (i % 4 == 0).then(|| "2:1".to_string());
+        let new = NewTag {
+            tag: tag.clone(),
+            step: 10,
+            start: 1,
+            description: None,
+            split: split.clone(),
+            max_tags: 1000,
+        };
+        store.create_tag(&new).await.unwrap();
+        expected.insert(tag, split);
+    }
+    for limit in [1, 2, 5, 12, 13, 14] {
+        let mut read = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = store.rules_after(after.as_deref(), limit).await.unwrap();
+            assert!(page.len() <= limit);
+            let full = page.len() == limit;
+            after = page.last().map(|(tag, _)| tag.clone());
+            read.extend(page);
+            if !full {
+                break;
+            }
+        }
+        let names: HashSet<&String> = read.iter().map(|(tag, _)| tag).collect();
+        assert_eq!(names.len(), read.len(), "each row once at limit {limit}");
+        let read: std::collections::BTreeMap<String, Option<String>> = read.into_iter().collect();
+        assert_eq!(read, expected, "every row with its record at limit {limit}");
+    }
+    store.close().await;
+}

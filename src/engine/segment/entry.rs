@@ -159,6 +159,9 @@ pub(super) struct TagEntry {
     /// The rule its row records (`split`), which a node that does not configure it follows.
     pub(super) recorded: Option<Box<str>>,
     pub(super) buffer: std::sync::OnceLock<Arc<TagBuffer>>,
+    /// The sweep of the tag list that last found the row (or that was under way when the
+    /// entry was added): an entry no complete sweep found has lost its row.
+    pub(super) swept: std::sync::atomic::AtomicU32,
 }
 
 impl TagEntry {
@@ -166,6 +169,7 @@ impl TagEntry {
         Arc::new(TagEntry {
             recorded: recorded.map(Box::from),
             buffer: std::sync::OnceLock::new(),
+            swept: Default::default(),
         })
     }
 
@@ -173,6 +177,7 @@ impl TagEntry {
         Arc::new(TagEntry {
             recorded: recorded.map(Box::from),
             buffer: std::sync::OnceLock::from(buffer),
+            swept: Default::default(),
         })
     }
 

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::hash::BuildHasher;
 use std::ops::Bound;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::{ArcSwap, Guard};
@@ -27,6 +28,9 @@ pub(super) struct TagTable {
     /// this lock: a tag added, rebuilt or forgotten (also by a request that met a changed or
     /// missing row), and refreshes; a page holds the lock while it copies its names.
     names: Mutex<BTreeSet<Arc<[u8]>>>,
+    /// The sweep of the tag list under way (see [`TagTable::begin_sweep`]): every entry
+    /// added is stamped with it.
+    sweep: AtomicU32,
 }
 
 impl Default for TagTable {
@@ -35,6 +39,7 @@ impl Default for TagTable {
             shards: (0..SHARDS).map(|_| ArcSwap::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),
             names: Mutex::default(),
+            sweep: AtomicU32::new(0),
         }
     }
 }
@@ -59,13 +64,26 @@ impl TagTable {
         self.read(tag, Arc::clone)
     }
 
+    /// Stamps an entry being added with the sweep under way.
+    fn stamped(&self, entry: Arc<TagEntry>) -> Arc<TagEntry> {
+        self.mark(&entry, self.sweep.load(Ordering::Acquire));
+        entry
+    }
+
+    /// Records that the sweep `sweep` found `entry`'s row.
+    pub fn mark(&self, entry: &TagEntry, sweep: u32) {
+        entry.swept.store(sweep, Ordering::Release);
+    }
+
     /// Adds `tag` with the entry `make` builds, unless it is known.
     pub fn insert_if_absent(&self, tag: &str, make: impl Fn() -> Arc<TagEntry>) {
         let mut names = self.names();
         let name = Self::name(&names, tag);
         self.shard_of(tag.as_bytes()).rcu(|shard| {
             let mut shard = Shard::clone(shard);
-            shard.entry(name.clone()).or_insert_with(&make);
+            shard
+                .entry(name.clone())
+                .or_insert_with(|| self.stamped(make()));
             shard
         });
         names.insert(name);
@@ -73,6 +91,7 @@ impl TagTable {
 
     /// Sets `tag`'s entry, replacing any.
     pub fn insert(&self, tag: &str, entry: Arc<TagEntry>) {
+        let entry = self.stamped(entry);
         let mut names = self.names();
         let name = Self::name(&names, tag);
         self.shard_of(tag.as_bytes()).rcu(|shard| {
@@ -109,6 +128,7 @@ impl TagTable {
         let mut shards: Vec<Shard> = (0..SHARDS).map(|_| Shard::default()).collect();
         let mut names = Vec::new();
         for (tag, entry) in entries {
+            let entry = self.stamped(entry);
             let index = self.hasher.hash_one(tag.as_bytes()) as usize % SHARDS;
             let name: Arc<[u8]> = Arc::from(tag.as_bytes());
             shards[index].insert(name.clone(), entry);
@@ -121,6 +141,73 @@ impl TagTable {
             slot.store(Arc::new(shard));
         }
         *index = names;
+    }
+
+    /// Sets the entries of many tags, replacing any: one copy of each shard they touch.
+    pub fn insert_many(&self, entries: Vec<(&str, Arc<TagEntry>)>) {
+        if entries.is_empty() {
+            return;
+        }
+        let mut names = self.names();
+        let mut by_shard: Vec<Shard> = vec![Shard::default(); SHARDS];
+        for (tag, entry) in entries {
+            let name = Self::name(&names, tag);
+            let index = self.hasher.hash_one(tag.as_bytes()) as usize % SHARDS;
+            by_shard[index].insert(name, self.stamped(entry));
+        }
+        for (slot, added) in self.shards.iter().zip(by_shard) {
+            if added.is_empty() {
+                continue;
+            }
+            slot.rcu(|shard| {
+                let mut shard = Shard::clone(shard);
+                shard.extend(
+                    added
+                        .iter()
+                        .map(|(name, entry)| (name.clone(), entry.clone())),
+                );
+                shard
+            });
+            names.extend(added.into_keys());
+        }
+    }
+
+    /// Starts a sweep of the tag list: its number, with which entries found (or added) from
+    /// now on are marked.
+    pub fn begin_sweep(&self) -> u32 {
+        self.sweep.fetch_add(1, Ordering::AcqRel).wrapping_add(1)
+    }
+
+    /// Ends the sweep `sweep`, which read every row: the entries it did not mark (their rows
+    /// were gone, and no request or admin command added them since it began) are removed.
+    /// Returns how many.
+    pub fn remove_unswept(&self, sweep: u32) -> usize {
+        let mut names = self.names();
+        let mut removed = 0;
+        for slot in self.shards.iter() {
+            let gone = |entry: &Arc<TagEntry>| entry.swept.load(Ordering::Acquire) != sweep;
+            if !slot.load().values().any(gone) {
+                continue;
+            }
+            let mut dropped = Vec::new();
+            slot.rcu(|shard| {
+                dropped.clear();
+                let mut shard = Shard::clone(shard);
+                shard.retain(|name, entry| {
+                    let keep = !gone(entry);
+                    if !keep {
+                        dropped.push(name.clone());
+                    }
+                    keep
+                });
+                shard
+            });
+            removed += dropped.len();
+            for name in dropped {
+                names.remove(&name);
+            }
+        }
+        removed
     }
 
     /// Up to `count` names after `after` in byte order, and whether more follow.
@@ -171,6 +258,46 @@ mod tests {
         assert_eq!(table.len(), 2);
         assert!(table.get(b"t1").is_none() && table.get(b"a").is_some());
         assert_eq!(table.read(b"b", |_| 1), Some(1));
+    }
+
+    /// A sweep removes exactly the entries it neither marked nor saw added while it ran; the
+    /// name index follows; entries added in bulk replace and add one shard copy at a time.
+    #[test]
+    fn a_sweep_removes_only_what_it_did_not_find() {
+        let table = TagTable::default();
+        for i in 0..300 {
+            table.insert_if_absent(&format!("t{i}"), || TagEntry::new(None));
+        }
+        let sweep = table.begin_sweep();
+        for i in 0..300 {
+            if i % 3 != 0 {
+                table.mark(&table.get(format!("t{i}").as_bytes()).unwrap(), sweep);
+            }
+        }
+        // Added while the sweep ran (a request's miss, an admin command): kept.
+        table.insert_if_absent("new", || TagEntry::new(None));
+        table.insert("t0", TagEntry::new(Some("2:1")));
+        table.insert_many(vec![
+            ("t3", TagEntry::new(None)),
+            ("bulk", TagEntry::new(None)),
+        ]);
+        assert_eq!(table.remove_unswept(sweep), 98, "t6, t9, …, t297");
+        assert_eq!(table.len(), 204);
+        for kept in ["new", "t0", "t1", "t3", "bulk", "t299"] {
+            assert!(table.get(kept.as_bytes()).is_some(), "{kept}");
+        }
+        assert!(table.get(b"t6").is_none() && table.get(b"t297").is_none());
+        let (names, more) = table.names_after(b"", 1000);
+        assert_eq!((names.len(), more), (204, false), "the index follows");
+        assert_eq!(
+            table.get(b"t0").unwrap().recorded.as_deref(),
+            Some("2:1"),
+            "replaced"
+        );
+        // The next sweep marks nothing: it removes everything.
+        let next = table.begin_sweep();
+        assert_eq!(table.remove_unswept(next), 204);
+        assert_eq!((table.len(), table.names_after(b"", 10).0.len()), (0, 0));
     }
 
     #[test]

@@ -17,6 +17,10 @@ pub const MAX_TAG_START: i64 = 1 << 62;
 /// A refresh of at least this many tags hands the memory its read freed back to the system.
 const RETURN_MEMORY_FROM: usize = 10_000;
 
+/// Rows a sweep of the tag list reads at a time: its memory and the time it holds the tag
+/// writer lock stay bounded whatever the number of tags.
+pub(super) const SWEEP_PAGE: usize = 10_000;
+
 /// The rows a refresh read and the map it replaced are freed in pieces that glibc keeps for
 /// the process; with a million tags that is hundreds of megabytes of RSS nothing uses.
 fn return_freed_memory() {
@@ -136,6 +140,38 @@ impl SegmentEngine {
         Ok(count)
     }
 
+    /// Re-reads the tag list page by page ([`SWEEP_PAGE`] rows at a time): new rows become
+    /// tags, a changed record rebuilds its tag, and once every page is read, the tags whose
+    /// rows are gone stop being served. Returns the number of tags after.
+    pub async fn sweep_tags(&self) -> Result<usize, StoreError> {
+        let sweep = self.tags.begin_sweep();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.store.rules_after(after.as_deref(), SWEEP_PAGE).await?;
+            let _writer = self.tag_writer.lock().await;
+            let mut changed = Vec::new();
+            for (tag, recorded) in &page {
+                match self.tags.get(tag.as_bytes()) {
+                    Some(entry) if entry.serves_record(recorded.as_deref()) => {
+                        self.tags.mark(&entry, sweep)
+                    }
+                    _ => changed.push((tag.as_str(), TagEntry::new(recorded.as_deref()))),
+                }
+            }
+            self.tags.insert_many(changed);
+            if page.len() < SWEEP_PAGE {
+                break;
+            }
+            after = page.into_iter().next_back().map(|(tag, _)| tag);
+        }
+        let _writer = self.tag_writer.lock().await;
+        let removed = self.tags.remove_unswept(sweep);
+        if removed > 0 {
+            tracing::info!(removed, "tags whose rows are gone are no longer served");
+        }
+        Ok(self.tags.len())
+    }
+
     /// Builds `tag`'s buffer anew from its row's record `recorded` (a node that does not
     /// configure the tag follows a changed rule); requests in flight finish on the old one.
     pub(super) fn rebuild_tag(&self, tag: &str, recorded: Option<&str>) {
@@ -171,7 +207,7 @@ impl SegmentEngine {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = ticker.tick() => {
-                        if let Err(e) = engine.refresh_tags().await {
+                        if let Err(e) = engine.sweep_tags().await {
                             tracing::warn!(error = %e, "tag refresh failed; keeping the known tags");
                         }
                     }

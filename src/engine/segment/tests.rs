@@ -135,6 +135,13 @@ impl SegmentStore for SlowStore {
     async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
         self.inner.rules().await
     }
+    async fn rules_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        self.inner.rules_after(after, limit).await
+    }
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
         self.inner.row(tag).await
     }
@@ -492,4 +499,51 @@ async fn a_process_sharing_the_state_directory_refuses_what_the_other_loaded() {
         Err(SegmentError::Rollback { .. }) => {}
         other => panic!("served {other:?} from a range the other process loaded"),
     }
+}
+
+/// The periodic sweep reads the tag list page by page: over several pages, a row created on
+/// another node becomes a tag, a deleted row stops being served, a changed record rebuilds its
+/// tag, and the others keep their buffers (no reload).
+#[tokio::test]
+async fn the_tag_list_is_swept_page_by_page() {
+    let store = Arc::new(MemoryStore::new());
+    let node = || {
+        SegmentEngine::new(
+            store.clone(),
+            crate::storage::SegmentMarks::in_memory(),
+            SegmentSettings {
+                max_tags: 100_000,
+                ..SegmentSettings::default()
+            },
+            Arc::new(crate::clock::SystemClock),
+            Arc::new(()),
+        )
+    };
+    let (a, b) = (node(), node());
+    let tags = 2 * super::tags::SWEEP_PAGE + 7;
+    for i in 0..tags {
+        a.create_tag(&format!("t{i:06}"), 10, 1, None)
+            .await
+            .unwrap();
+    }
+    b.refresh_tags().await.unwrap();
+    assert_eq!(b.next_ids("t000001", 1).await.unwrap(), 1);
+    let buffer = b.tags.get(b"t000001").unwrap().loaded().cloned().unwrap();
+    a.create_tag("u", 10, 1, None).await.unwrap();
+    store.delete_row("t000002");
+    store.delete_row(&format!("t{:06}", tags - 1));
+    store
+        .claim_split("t000003", None, Some("2:1"))
+        .await
+        .unwrap();
+    assert_eq!(b.sweep_tags().await.unwrap(), tags + 1 - 2);
+    assert!(b.tags.get(b"u").is_some(), "a row created elsewhere");
+    assert!(b.tags.get(b"t000002").is_none(), "a deleted row");
+    assert!(b.tags.get(format!("t{:06}", tags - 1).as_bytes()).is_none());
+    let changed = b.tags.get(b"t000003").unwrap();
+    assert_eq!(changed.recorded.as_deref(), Some("2:1"), "a changed record");
+    let kept = b.tags.get(b"t000001").unwrap().loaded().cloned().unwrap();
+    assert!(Arc::ptr_eq(&buffer, &kept), "a served tag keeps its buffer");
+    assert_eq!(b.next_ids("t000001", 1).await.unwrap(), 2);
+    assert_eq!(b.tags.names_after(b"", 100_000).0.len(), tags - 1);
 }
