@@ -103,33 +103,11 @@ const TAG_SEPARATOR: char = '\u{1e}';
 /// row. sqlx hands a SQLite row over in a few microseconds, which at 1,000,000 tags was most of
 /// a node's start. Both read one snapshot (one read transaction).
 async fn rules(store: &SqliteStore) -> Result<Vec<(String, Option<String>)>, StoreError> {
-    let mut tx = store.pool.begin().await?;
-    let joined: Option<String> = sqlx::query_scalar(
-        "SELECT group_concat(biz_tag, char(30)) FROM leaf_alloc \
-         WHERE split IS NULL AND instr(biz_tag, char(30)) = 0",
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    let mut rules: Vec<(String, Option<String>)> = sqlx::query_as(
-        "SELECT biz_tag, split FROM leaf_alloc \
-         WHERE split IS NOT NULL OR instr(biz_tag, char(30)) > 0",
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.rollback().await?;
-    if let Some(joined) = joined {
-        rules.extend(
-            joined
-                .split(TAG_SEPARATOR)
-                .map(|tag| (tag.to_string(), None)),
-        );
-    }
-    Ok(rules)
+    rules_of(store, "SELECT biz_tag, split FROM leaf_alloc", None).await
 }
 
-/// A page of the tag list ([`super::SegmentStore::rules_after`]) the way [`rules`] reads it
-/// all: the names recording no rule joined into one text, the others row by row, from one
-/// snapshot; sorted (SQLite's order of `biz_tag` is the bytes'), so the last is the cursor.
+/// A page of the tag list ([`super::SegmentStore::rules_after`]) read as [`rules`] reads it
+/// all; sorted (SQLite's order of `biz_tag` is the bytes'), so the last is the cursor.
 async fn rules_after(
     store: &SqliteStore,
     after: Option<&str>,
@@ -143,21 +121,34 @@ async fn rules_after(
     };
     let page =
         format!("SELECT biz_tag, split FROM leaf_alloc {from} ORDER BY biz_tag LIMIT {limit}");
-    let mut tx = store.pool.begin().await?;
-    let joined: Option<String> = sqlx::query_scalar(&format!(
-        "SELECT group_concat(biz_tag, char(30)) FROM ({page}) \
+    let mut rules = rules_of(store, &page, after).await?;
+    rules.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(rules)
+}
+
+/// The `(biz_tag, split)` rows `source` selects (binding `after` as `?1` when given), the ones
+/// recording no rule joined into one text (see [`rules`]).
+async fn rules_of(
+    store: &SqliteStore,
+    source: &str,
+    after: Option<&str>,
+) -> Result<Vec<(String, Option<String>)>, StoreError> {
+    let joined_sql = format!(
+        "SELECT group_concat(biz_tag, char(30)) FROM ({source}) \
          WHERE split IS NULL AND instr(biz_tag, char(30)) = 0"
-    ))
-    .bind(after.unwrap_or_default())
-    .fetch_one(&mut *tx)
-    .await?;
-    let mut rules: Vec<(String, Option<String>)> = sqlx::query_as(&format!(
-        "SELECT biz_tag, split FROM ({page}) \
+    );
+    let others_sql = format!(
+        "SELECT biz_tag, split FROM ({source}) \
          WHERE split IS NOT NULL OR instr(biz_tag, char(30)) > 0"
-    ))
-    .bind(after.unwrap_or_default())
-    .fetch_all(&mut *tx)
-    .await?;
+    );
+    let mut tx = store.pool.begin().await?;
+    let mut joined = sqlx::query_scalar(&joined_sql);
+    let mut others = sqlx::query_as(&others_sql);
+    if let Some(after) = after {
+        (joined, others) = (joined.bind(after), others.bind(after));
+    }
+    let joined: Option<String> = joined.fetch_one(&mut *tx).await?;
+    let mut rules: Vec<(String, Option<String>)> = others.fetch_all(&mut *tx).await?;
     tx.rollback().await?;
     if let Some(joined) = joined {
         rules.extend(
@@ -166,7 +157,6 @@ async fn rules_after(
                 .map(|tag| (tag.to_string(), None)),
         );
     }
-    rules.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     Ok(rules)
 }
 
