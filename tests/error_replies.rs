@@ -343,8 +343,8 @@ async fn segment_requests_refused_by_the_tag_kind_or_its_row() {
 
 // ---------------------------------------------------------------- LEAF.WORKERS
 
-/// A node started while its database does not answer (nothing listens on the port) has no
-/// lease table until it connects.
+/// A node started while its database does not answer (nothing listens on the port) cannot read
+/// the lease table until it connects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaf_workers_before_the_database_answered() {
     let port = common::binary::free_port();
@@ -355,7 +355,7 @@ async fn leaf_workers_before_the_database_answered() {
     let mut raw = server.raw().await;
     assert_eq!(
         one_line(&mut raw, &[b"LEAF.WORKERS"]).await,
-        "-ERR this storage has no worker-id lease table\r\n"
+        "-UNAVAILABLE worker-id lease table: the database has not answered since this node started\r\n"
     );
     server.stop().await;
 }

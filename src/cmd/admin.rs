@@ -243,8 +243,12 @@ async fn create(tag: &str, mut cursor: ArgCursor<'_>, ctx: &Arc<Context>) -> Rep
 /// `LEAF.WORKERS` (admin): one map per row of `leaf_worker`: `worker_id`, `owner`,
 /// `lease_ms_left` (database time; 0 when expired), `fence_ms`.
 pub async fn workers(ctx: &Arc<Context>) -> Reply {
+    // Every storage has the table; only a store whose database has not answered since the
+    // start (`storage::DeferredStore`) cannot lend it yet.
     let Some(leases) = ctx.segments.store().clone().worker_leases() else {
-        return Reply::error("ERR this storage has no worker-id lease table");
+        return Reply::error(
+            "UNAVAILABLE worker-id lease table: the database has not answered since this node started",
+        );
     };
     match leases.workers().await {
         Ok(rows) => Reply::Array(
