@@ -19,6 +19,49 @@ async fn sqlite_server() -> (TestServer, tempfile::TempDir) {
     (server, dir)
 }
 
+/// Rows whose `biz_tag` a client stored as bytes (a BLOB, which no tag name equals and SQLite
+/// orders after every text), more than a page of them: the sweep still reads to the end, drops
+/// a deleted tag and adds a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_reads_past_rows_stored_as_bytes() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(sqlite_config(&dir)).await;
+    create_tag(&server, "keep", 10, None).await;
+    create_tag(&server, "gone", 10, None).await;
+    let url = format!("sqlite://{}", dir.path().join("leafd.db").display());
+    let mut db = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 10999) \
+         INSERT INTO leaf_alloc (biz_tag, max_id, step) SELECT CAST('b' || i AS BLOB), 0, 10 FROM n",
+    )
+    .execute(&mut db)
+    .await
+    .unwrap();
+    sqlx::query("DELETE FROM leaf_alloc WHERE biz_tag = 'gone'")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO leaf_alloc (biz_tag, max_id, step) VALUES ('later', 0, 10)")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    db.close().await.unwrap();
+    let segments = &server.app.segments;
+    let swept = tokio::time::timeout(std::time::Duration::from_secs(20), segments.sweep_tags())
+        .await
+        .expect("the sweep ended");
+    assert_eq!(swept.unwrap(), 2, "keep and later; no BLOB row is a tag");
+    let mut con = server.client().await;
+    let gone: redis::RedisResult<i64> = con.incr("segment:gone", 1).await;
+    assert_eq!(
+        gone.unwrap_err().to_string(),
+        "ResponseError: unknown tag 'gone'"
+    );
+    assert_eq!(con.incr::<_, _, i64>("segment:later", 1).await.unwrap(), 1);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn the_tag_list_is_read_page_by_page() {
     let dir = tempfile::tempdir().unwrap();

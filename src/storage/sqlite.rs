@@ -103,8 +103,18 @@ const TAG_SEPARATOR: char = '\u{1e}';
 /// row. sqlx hands a SQLite row over in a few microseconds, which at 1,000,000 tags was most of
 /// a node's start. Both read one snapshot (one read transaction).
 async fn rules(store: &SqliteStore) -> Result<Vec<(String, Option<String>)>, StoreError> {
-    rules_of(store, "SELECT biz_tag, split FROM leaf_alloc", None).await
+    rules_of(
+        store,
+        &format!("SELECT biz_tag, split FROM leaf_alloc WHERE {TEXT_TAG}"),
+        None,
+    )
+    .await
 }
+
+/// A row is a tag when its `biz_tag` is text. A client that binds bytes stores a BLOB, which
+/// no tag name (bound as text) ever equals, and which SQLite orders after every text: such a
+/// row cannot be served, and left in a page it would keep the page's cursor from moving.
+const TEXT_TAG: &str = "typeof(biz_tag) = 'text'";
 
 /// A page of the tag list ([`super::SegmentStore::rules_after`]) read as [`rules`] reads it
 /// all; sorted (SQLite's order of `biz_tag` is the bytes'), so the last is the cursor.
@@ -115,12 +125,14 @@ async fn rules_after(
 ) -> Result<Vec<(String, Option<String>)>, StoreError> {
     // Two texts, not `?1 IS NULL OR …`, which would keep the index from starting at `after`.
     let from = if after.is_some() {
-        "WHERE biz_tag > ?1"
+        "AND biz_tag > ?1"
     } else {
         ""
     };
-    let page =
-        format!("SELECT biz_tag, split FROM leaf_alloc {from} ORDER BY biz_tag LIMIT {limit}");
+    let page = format!(
+        "SELECT biz_tag, split FROM leaf_alloc WHERE {TEXT_TAG} {from} \
+         ORDER BY biz_tag LIMIT {limit}"
+    );
     let mut rules = rules_of(store, &page, after).await?;
     rules.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     Ok(rules)

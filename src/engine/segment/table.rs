@@ -64,7 +64,9 @@ impl TagTable {
         self.read(tag, Arc::clone)
     }
 
-    /// Stamps an entry being added with the sweep under way.
+    /// Stamps an entry being added with the sweep under way. Called under the `names` lock,
+    /// which a sweep's start takes too: an entry is either there when a sweep begins (which
+    /// then reads its row) or stamped with that sweep.
     fn stamped(&self, entry: Arc<TagEntry>) -> Arc<TagEntry> {
         self.mark(&entry, self.sweep.load(Ordering::Acquire));
         entry
@@ -91,8 +93,8 @@ impl TagTable {
 
     /// Sets `tag`'s entry, replacing any.
     pub fn insert(&self, tag: &str, entry: Arc<TagEntry>) {
-        let entry = self.stamped(entry);
         let mut names = self.names();
+        let entry = self.stamped(entry);
         let name = Self::name(&names, tag);
         self.shard_of(tag.as_bytes()).rcu(|shard| {
             let mut shard = Shard::clone(shard);
@@ -125,6 +127,7 @@ impl TagTable {
     /// stored one after another, so a request may find one tag already changed and another
     /// not yet; never a tag half changed.
     pub fn replace_all<'a>(&self, entries: impl IntoIterator<Item = (&'a str, Arc<TagEntry>)>) {
+        let mut sorted = self.names();
         let mut shards: Vec<Shard> = (0..SHARDS).map(|_| Shard::default()).collect();
         let mut names = Vec::new();
         for (tag, entry) in entries {
@@ -136,11 +139,10 @@ impl TagTable {
         }
         // Built from a sorted list, the tree's nodes are full: about 17 bytes a tag.
         let names: BTreeSet<Arc<[u8]>> = names.into_iter().collect();
-        let mut index = self.names();
         for (slot, shard) in self.shards.iter().zip(shards) {
             slot.store(Arc::new(shard));
         }
-        *index = names;
+        *sorted = names;
     }
 
     /// Sets the entries of many tags, replacing any: one copy of each shard they touch.
@@ -175,6 +177,7 @@ impl TagTable {
     /// Starts a sweep of the tag list: its number, with which entries found (or added) from
     /// now on are marked.
     pub fn begin_sweep(&self) -> u32 {
+        let _names = self.names();
         self.sweep.fetch_add(1, Ordering::AcqRel).wrapping_add(1)
     }
 

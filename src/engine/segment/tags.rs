@@ -162,7 +162,16 @@ impl SegmentEngine {
             if page.len() < SWEEP_PAGE {
                 break;
             }
-            after = page.into_iter().next_back().map(|(tag, _)| tag);
+            let next = page.into_iter().next_back().map(|(tag, _)| tag);
+            // A store whose order the cursor does not follow would hand the same page back
+            // for ever: the sweep ends there, removing nothing.
+            if next == after {
+                return Err(StoreError::Unavailable(format!(
+                    "the tag list did not move past '{}': the sweep stopped and removed nothing",
+                    next.unwrap_or_default()
+                )));
+            }
+            after = next;
         }
         let _writer = self.tag_writer.lock().await;
         let removed = self.tags.remove_unswept(sweep);

@@ -91,6 +91,9 @@ struct SlowStore {
     inner: MemoryStore,
     late_table_steps: bool,
     gate: tokio::sync::watch::Receiver<bool>,
+    /// Pages of the tag list ignore their cursor (a store whose order the cursor does not
+    /// follow): every page is the first.
+    stuck_pages: bool,
 }
 
 impl SlowStore {
@@ -99,6 +102,7 @@ impl SlowStore {
             inner: MemoryStore::new(),
             late_table_steps: true,
             gate: tokio::sync::watch::channel(true).1,
+            stuck_pages: false,
         }
     }
 }
@@ -140,6 +144,7 @@ impl SegmentStore for SlowStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let after = if self.stuck_pages { None } else { after };
         self.inner.rules_after(after, limit).await
     }
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
@@ -423,6 +428,7 @@ async fn a_request_whose_batch_was_abandoned_answers_unavailable() {
             inner: MemoryStore::new(),
             late_table_steps: false,
             gate,
+            stuck_pages: false,
         }),
         crate::storage::SegmentMarks::in_memory(),
         settings,
@@ -546,4 +552,39 @@ async fn the_tag_list_is_swept_page_by_page() {
     assert!(Arc::ptr_eq(&buffer, &kept), "a served tag keeps its buffer");
     assert_eq!(b.next_ids("t000001", 1).await.unwrap(), 2);
     assert_eq!(b.tags.names_after(b"", 100_000).0.len(), tags - 1);
+}
+
+/// A sweep whose cursor does not move (the store hands the same page back) ends with an error
+/// instead of reading for ever, and removes nothing.
+#[tokio::test]
+async fn a_sweep_whose_cursor_does_not_move_stops() {
+    let store = Arc::new(SlowStore {
+        stuck_pages: true,
+        late_table_steps: false,
+        ..SlowStore::late()
+    });
+    let engine = SegmentEngine::new(
+        store.clone(),
+        crate::storage::SegmentMarks::in_memory(),
+        SegmentSettings {
+            max_tags: 100_000,
+            ..SegmentSettings::default()
+        },
+        Arc::new(crate::clock::SystemClock),
+        Arc::new(()),
+    );
+    let tags = super::tags::SWEEP_PAGE + 3;
+    for i in 0..tags {
+        engine
+            .create_tag(&format!("t{i:06}"), 10, 1, None)
+            .await
+            .unwrap();
+    }
+    store.inner.delete_row(&format!("t{:06}", tags - 1));
+    let swept = tokio::time::timeout(Duration::from_secs(10), engine.sweep_tags())
+        .await
+        .expect("the sweep ended");
+    let error = swept.unwrap_err().to_string();
+    assert!(error.contains("did not move past 't009999'"), "{error}");
+    assert_eq!(engine.tag_count(), tags, "nothing removed");
 }
