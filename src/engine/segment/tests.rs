@@ -507,25 +507,27 @@ async fn a_process_sharing_the_state_directory_refuses_what_the_other_loaded() {
     }
 }
 
+/// A node on `store` with room for more tags than a few sweep pages.
+fn sweep_node(store: Arc<dyn SegmentStore>) -> Arc<SegmentEngine> {
+    SegmentEngine::new(
+        store,
+        crate::storage::SegmentMarks::in_memory(),
+        SegmentSettings {
+            max_tags: 100_000,
+            ..SegmentSettings::default()
+        },
+        Arc::new(crate::clock::SystemClock),
+        Arc::new(()),
+    )
+}
+
 /// The periodic sweep reads the tag list page by page: over several pages, a row created on
 /// another node becomes a tag, a deleted row stops being served, a changed record rebuilds its
 /// tag, and the others keep their buffers (no reload).
 #[tokio::test]
 async fn the_tag_list_is_swept_page_by_page() {
     let store = Arc::new(MemoryStore::new());
-    let node = || {
-        SegmentEngine::new(
-            store.clone(),
-            crate::storage::SegmentMarks::in_memory(),
-            SegmentSettings {
-                max_tags: 100_000,
-                ..SegmentSettings::default()
-            },
-            Arc::new(crate::clock::SystemClock),
-            Arc::new(()),
-        )
-    };
-    let (a, b) = (node(), node());
+    let (a, b) = (sweep_node(store.clone()), sweep_node(store.clone()));
     let tags = 2 * super::tags::SWEEP_PAGE + 7;
     for i in 0..tags {
         a.create_tag(&format!("t{i:06}"), 10, 1, None)
@@ -563,16 +565,7 @@ async fn a_sweep_whose_cursor_does_not_move_stops() {
         late_table_steps: false,
         ..SlowStore::late()
     });
-    let engine = SegmentEngine::new(
-        store.clone(),
-        crate::storage::SegmentMarks::in_memory(),
-        SegmentSettings {
-            max_tags: 100_000,
-            ..SegmentSettings::default()
-        },
-        Arc::new(crate::clock::SystemClock),
-        Arc::new(()),
-    );
+    let engine = sweep_node(store.clone());
     let tags = super::tags::SWEEP_PAGE + 3;
     for i in 0..tags {
         engine
