@@ -6,6 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A log shorter than this is never compacted: appending is cheaper than rewriting every mark.
 const COMPACT_AT_LEAST: u64 = 1 << 20;
@@ -185,20 +186,35 @@ impl Journal {
 
     /// Appends `batch` to the log and fdatasyncs it, under the directory's lock. Returns the
     /// marks other processes sharing the directory wrote since this one last looked.
-    pub fn append(&mut self, batch: &HashMap<String, i64>) -> Result<Vec<(String, i64)>, String> {
+    /// `known_len` is set to the log's new length once the bytes are written, before their
+    /// fdatasync, when no other process had written since this one last looked (the common
+    /// case): a reader comparing lengths then sees nothing new and need not wait for the sync.
+    /// When another had, it is left for the caller to set after the returned marks are read.
+    pub fn append(
+        &mut self,
+        batch: &HashMap<String, i64>,
+        known_len: &AtomicU64,
+    ) -> Result<Vec<(String, i64)>, String> {
         let mut lines = Vec::with_capacity(batch.len() * 32);
         for entry in batch {
             serde_json::to_writer(&mut lines, &entry).map_err(|e| self.fail(".log", e))?;
             lines.push(b'\n');
         }
         let _locked = self.lock()?;
+        let (generation, read_to) = (self.generation, self.read_to);
         let others = self.catch_up()?;
+        let nothing_new = self.generation == generation && self.read_to == read_to;
         let (_, log) = self.files()?;
         let at = self.read_to;
         let written = log
             .set_len(at)
             .and_then(|()| log.write_all_at(&lines, at))
-            .and_then(|()| log.sync_data());
+            .and_then(|()| {
+                if nothing_new {
+                    known_len.store(at + lines.len() as u64, Ordering::Release);
+                }
+                log.sync_data()
+            });
         if let Err(e) = written {
             // The torn tail is cut off (or overwritten) by the next append.
             let _ = log.set_len(at);

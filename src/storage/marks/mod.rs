@@ -28,7 +28,10 @@ pub struct SegmentMarks {
     /// `<path>.log` (`None`: in memory), and its length after this process's last read or
     /// write of it: another length means another process wrote.
     log: Option<PathBuf>,
-    known_len: AtomicU64,
+    /// Shared with the write under way, which moves it as soon as its bytes are in the log
+    /// (before their fdatasync), so another tag's allocation beginning meanwhile does not
+    /// wait for that write to read the log.
+    known_len: Arc<AtomicU64>,
     /// The files (`None`: marks kept in memory only); one write at a time.
     writer: tokio::sync::Mutex<Option<Journal>>,
     in_memory: bool,
@@ -75,7 +78,7 @@ impl SegmentMarks {
         }
         Ok(Arc::new(SegmentMarks {
             log: Some(opened.journal.log_path()),
-            known_len: AtomicU64::new(opened.journal.read_to()),
+            known_len: Arc::new(AtomicU64::new(opened.journal.read_to())),
             state: Mutex::new(Marks {
                 marks: opened.marks,
                 ..Marks::default()
@@ -89,7 +92,7 @@ impl SegmentMarks {
     pub fn in_memory() -> Arc<SegmentMarks> {
         Arc::new(SegmentMarks {
             log: None,
-            known_len: AtomicU64::new(0),
+            known_len: Arc::new(AtomicU64::new(0)),
             state: Mutex::new(Marks::default()),
             writer: tokio::sync::Mutex::new(None),
             in_memory: true,
@@ -109,7 +112,7 @@ impl SegmentMarks {
     /// asked before an allocation, every range they served before it. When the log did not
     /// change since this process last read or wrote it (no other process: the common case),
     /// one `stat` and no lock.
-    pub async fn others_mark(&self, tag: &str) -> Result<Option<i64>, String> {
+    pub async fn others_mark(self: &Arc<Self>, tag: &str) -> Result<Option<i64>, String> {
         let Some(log) = &self.log else {
             return Ok(None);
         };
@@ -119,30 +122,40 @@ impl SegmentMarks {
             Err(e) => return Err(format!("segment marks {}: {e}", log.display())),
         };
         if len != self.known_len.load(Ordering::Acquire) {
-            let mut writer = self.writer.lock().await;
-            let Some(mut journal) = writer.take() else {
-                return Err("segment marks: an earlier write panicked; restart the node".into());
-            };
-            let (journal, read) = tokio::task::spawn_blocking(move || {
-                let read = journal.catch_up_locked();
-                (journal, read)
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-            self.known_len.store(journal.read_to(), Ordering::Release);
-            *writer = Some(journal);
-            let mut state = self.lock();
-            for (tag, mark) in read? {
-                raise(&mut state.read, &tag, mark);
-            }
+            let marks = self.clone();
+            // A task of its own, as for a write ([`SegmentMarks::record`]).
+            tokio::spawn(async move { marks.catch_up().await })
+                .await
+                .map_err(|e| format!("segment marks: reading the log failed: {e}"))??;
         }
         Ok(self.lock().read.get(tag).copied())
+    }
+
+    /// Reads what other processes appended to the log since this one last looked.
+    async fn catch_up(&self) -> Result<(), String> {
+        let mut writer = self.writer.lock().await;
+        let Some(mut journal) = writer.take() else {
+            return Err("segment marks: an earlier write panicked; restart the node".into());
+        };
+        let (journal, read) = tokio::task::spawn_blocking(move || {
+            let read = journal.catch_up_locked();
+            (journal, read)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        self.known_len.store(journal.read_to(), Ordering::Release);
+        *writer = Some(journal);
+        let mut state = self.lock();
+        for (tag, mark) in read? {
+            raise(&mut state.read, &tag, mark);
+        }
+        Ok(())
     }
 
     /// Raises the mark of `tag` to `max_id` and makes it durable before returning. The mark
     /// rises in memory at once, also when the write fails (a full disk); a failed write's
     /// marks go out with the next one.
-    pub async fn record(&self, tag: &str, max_id: i64) -> Result<(), String> {
+    pub async fn record(self: &Arc<Self>, tag: &str, max_id: i64) -> Result<(), String> {
         let ticket = {
             let mut state = self.lock();
             raise(&mut state.marks, tag, max_id);
@@ -150,6 +163,17 @@ impl SegmentMarks {
             state.issued += 1;
             state.issued
         };
+        let marks = self.clone();
+        // A task of its own: a caller that goes away (its time limit) must not cut the write
+        // short between taking the journal and putting it back, nor before the marks it
+        // carried for other callers are booked as durable or put back as pending.
+        tokio::spawn(async move { marks.write_through(ticket).await })
+            .await
+            .map_err(|e| format!("segment marks: the write failed: {e}"))?
+    }
+
+    /// [`SegmentMarks::record`] from its ticket on, run to its end.
+    async fn write_through(&self, ticket: u64) -> Result<(), String> {
         let mut writer = self.writer.lock().await;
         let (batch, upto) = {
             let mut state = self.lock();
@@ -166,8 +190,9 @@ impl SegmentMarks {
         let Some(mut journal) = writer.take() else {
             return Err("segment marks: an earlier write panicked; restart the node".into());
         };
+        let known_len = self.known_len.clone();
         let (journal, batch, written) = tokio::task::spawn_blocking(move || {
-            let written = journal.append(&batch);
+            let written = journal.append(&batch, &known_len);
             (journal, batch, written)
         })
         .await
@@ -254,6 +279,7 @@ impl SegmentMarks {
 mod tests {
     use super::journal::slot;
     use super::*;
+    use std::future::Future;
 
     fn log_of(path: &std::path::Path) -> PathBuf {
         PathBuf::from(format!("{}.log", path.display()))
@@ -313,6 +339,34 @@ mod tests {
         // Each reads the other's marks before an allocation.
         let known = first.get("t0").max(first.others_mark("t0").await.unwrap());
         assert_eq!(known, reopened.get("t0"));
+    }
+
+    /// A write whose caller went away while it was under way (the caller's time limit, a
+    /// dropped connection) still completes with its bookkeeping: the marks it carried for
+    /// another caller are durable, and the next write is not refused.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_write_abandoned_by_its_caller_still_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("marks.json");
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        let mut abandoned = Box::pin(marks.record("t", 500));
+        let mut carried = Box::pin(marks.record("carried", 70));
+        // Both polled until they wait: the first's write under way on a blocking thread, the
+        // second's mark raised and waiting for the next write. Then the first is dropped.
+        let waiting = std::future::poll_fn(|cx| {
+            let first = abandoned.as_mut().poll(cx).is_pending();
+            let second = carried.as_mut().poll(cx).is_pending();
+            std::task::Poll::Ready(first && second)
+        })
+        .await;
+        assert!(waiting, "a write ended before it could be abandoned");
+        drop(abandoned);
+        carried.await.unwrap();
+        marks.record("u", 9).await.unwrap();
+        let reopened = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(reopened.get("t"), Some(500));
+        assert_eq!(reopened.get("carried"), Some(70));
+        assert_eq!(reopened.get("u"), Some(9));
     }
 
     /// What another process appended is read before this one's next allocation, and kept
