@@ -17,15 +17,17 @@
 # started and every database it created.
 #   bench/strict.sh [SECONDS=6] [CLIENTS=16]
 # Env: LEAFD_BIN (default target/release/leafd, built if missing), DATABASES (default
-# "mysql postgres"). Needs redis-benchmark, redis-server, mysql and psql clients, and the
-# servers root@127.0.0.1:3306 and postgres@127.0.0.1:5432 (scripts/services.sh starts them);
-# it creates and drops its own databases.
+# "mysql postgres"), NODES (default "1 3": the cluster sizes measured). Needs redis-benchmark,
+# redis-server, mysql and psql clients, and the servers root@127.0.0.1:3306 and
+# postgres@127.0.0.1:5432 (scripts/services.sh starts them); it creates and drops its own
+# databases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-6}
 clients=${2:-16}
 leafd_bin=${LEAFD_BIN:-target/release/leafd}
 databases=${DATABASES:-mysql postgres}
+cluster_sizes=${NODES:-1 3}
 for tool in redis-benchmark redis-server redis-cli python3; do
   command -v "$tool" >/dev/null || { echo "$tool not found (Debian: redis-tools, redis-server)" >&2; exit 1; }
 done
@@ -250,7 +252,7 @@ done
 
 redis_key=strict-bench
 checks=() mismatch=0
-for nodes in 1 3; do
+for nodes in $cluster_sizes; do
   for db in $databases; do
     label_var="label_$db"; label=${!label_var}
     dbname="leafd_strict_bench_$$_${db}_$nodes"

@@ -35,7 +35,9 @@ fuzz_target!(|data: &[u8]| {
         config.http.enabled = false;
         // The snowflake fence and the segment marks are synced at every start, stop and load:
         // on tmpfs that costs nothing (on disk it cut the executions per second twentyfold).
-        config.storage.state_dir = format!("/dev/shm/leafd-fuzz-{}", std::process::id());
+        // FUZZ_STATE_DIR: a directory the caller removes afterwards (.ci/run makes one).
+        config.storage.state_dir = std::env::var("FUZZ_STATE_DIR")
+            .unwrap_or_else(|_| format!("/dev/shm/leafd-fuzz-{}", std::process::id()));
         config.segment.tags = vec![leafd::config::TagSeed::new("t", 10)];
         let app = App::with_store(config, Arc::new(MemoryStore::new()), Arc::new(SystemClock))
             .await

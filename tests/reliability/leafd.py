@@ -12,6 +12,7 @@ and from another directory of tests/ (tests/security) with
     sys.path.insert(0, os.path.join(<the repository>, "tests", "reliability"))
 """
 import array
+import atexit
 import bisect
 import collections
 import contextlib
@@ -201,6 +202,21 @@ def render_toml(sections):
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
 
+# Processes started under libfaketime: each makes /dev/shm/faketime_shm_<pid> and
+# sem.faketime_sem_<pid>, which it removes only when it exits by itself, not when SIGKILLed.
+_faketime_processes = []
+
+
+@atexit.register
+def _remove_faketime_shm():
+    for process in _faketime_processes:
+        if process.poll() is None:
+            continue
+        for name in (f"faketime_shm_{process.pid}", f"sem.faketime_sem_{process.pid}"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join("/dev/shm", name))
+
+
 def faketime_env(faketime):
     """Environment for Node(env=...) that runs leafd under libfaketime (Debian: faketime) with
     the FAKETIME value `faketime` ("-1": a second behind; "@2024-01-02 03:04:05": from that
@@ -292,6 +308,8 @@ class Node:
             self.process = subprocess.Popen(
                 self.command(), cwd=self.dir, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=env)
+        if env.get("LD_PRELOAD") == FAKETIME_LIB:
+            _faketime_processes.append(self.process)
         self.stopped_on_purpose = False
         return self
 
