@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
 
+use super::table::TagTable;
 use super::{
     strict, BufferState, OpaqueCipher, PeriodRule, SegmentError, SegmentSettings, TagRule,
 };
@@ -187,10 +188,18 @@ impl TagEntry {
         self.buffer.get()
     }
 
-    /// The buffers, built now if this is the tag's first request.
-    pub(super) fn buffer(&self, name: &str, settings: &SegmentSettings) -> &Arc<TagBuffer> {
-        self.buffer
-            .get_or_init(|| Arc::new(TagBuffer::new(name, settings, self.recorded.as_deref())))
+    /// The buffers, built now if this is the tag's first request (and the entry noted in
+    /// `table` as in use).
+    pub(super) fn buffer<'a>(
+        self: &'a Arc<Self>,
+        name: &str,
+        settings: &SegmentSettings,
+        table: &TagTable,
+    ) -> &'a Arc<TagBuffer> {
+        self.buffer.get_or_init(|| {
+            table.note_used(self);
+            Arc::new(TagBuffer::new(name, settings, self.recorded.as_deref()))
+        })
     }
 
     /// Whether this entry still serves the row's record `recorded`.

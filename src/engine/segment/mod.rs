@@ -165,7 +165,7 @@ impl SegmentEngine {
     /// map.
     pub(super) fn buffer_of(&self, tag: &str) -> Option<Arc<TagBuffer>> {
         self.tags.read(tag.as_bytes(), |entry| {
-            entry.buffer(tag, &self.settings).clone()
+            entry.buffer(tag, &self.settings, &self.tags).clone()
         })
     }
 
@@ -258,7 +258,7 @@ impl SegmentEngine {
         }
         // Fast path: the tag map is read without cloning anything, and the clock is not read.
         let found = self.tags.read(tag.as_bytes(), |entry| {
-            let buffer = entry.buffer(tag, &self.settings);
+            let buffer = entry.buffer(tag, &self.settings, &self.tags);
             match buffer.kind.opaque() {
                 None => self.take_from_buffers(buffer, n).ok_or(buffer),
                 Some(_) => Err(buffer),

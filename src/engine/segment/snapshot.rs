@@ -52,10 +52,9 @@ impl SegmentEngine {
     /// changed), unsorted: the others have served nothing and loaded nothing.
     pub fn used_snapshot(&self) -> Vec<TagSnapshot> {
         self.tags
-            .shards()
+            .used_buffers()
             .iter()
-            .flat_map(|shard| shard.values())
-            .filter_map(|entry| entry.loaded().map(|buffer| snapshot_of(buffer)))
+            .map(|buffer| snapshot_of(buffer))
             .collect()
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::{ArcSwap, Guard};
 
-use super::TagEntry;
+use super::{TagBuffer, TagEntry};
 
 /// Tags are created only by admins and configuration, so the hash needs no defence against
 /// chosen collisions beyond foldhash's per-process seed; SipHash cost more than the rest of
@@ -31,6 +31,10 @@ pub(super) struct TagTable {
     /// The sweep of the tag list under way (see [`TagTable::begin_sweep`]): every entry
     /// added is stamped with it.
     sweep: AtomicU32,
+    /// The entries whose buffers a request built (or a rebuild made), so the metrics and INFO
+    /// read the tags in use without walking every tag. An entry no longer in the map (removed,
+    /// or replaced by a rebuild) is dropped from it when it is next read.
+    used: Mutex<Vec<Arc<TagEntry>>>,
 }
 
 impl Default for TagTable {
@@ -40,6 +44,7 @@ impl Default for TagTable {
             hasher: foldhash::fast::RandomState::default(),
             names: Mutex::default(),
             sweep: AtomicU32::new(0),
+            used: Mutex::default(),
         }
     }
 }
@@ -62,6 +67,33 @@ impl TagTable {
     /// `tag`'s entry.
     pub fn get(&self, tag: &[u8]) -> Option<Arc<TagEntry>> {
         self.read(tag, Arc::clone)
+    }
+
+    /// Notes that `entry`'s buffers were built: it is in use.
+    pub fn note_used(&self, entry: &Arc<TagEntry>) {
+        self.used().push(entry.clone());
+    }
+
+    fn used(&self) -> MutexGuard<'_, Vec<Arc<TagEntry>>> {
+        self.used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The buffers of the tags in use, unsorted: O(tags in use), not O(tags). Entries no longer
+    /// in the map are dropped from the list here.
+    pub fn used_buffers(&self) -> Vec<Arc<TagBuffer>> {
+        let mut used = self.used();
+        used.retain(|entry| match entry.loaded() {
+            Some(buffer) => self
+                .read(buffer.name.as_bytes(), |current| {
+                    Arc::ptr_eq(current, entry)
+                })
+                .unwrap_or(false),
+            // Noted while its buffers are being built.
+            None => true,
+        });
+        used.iter()
+            .filter_map(|entry| entry.loaded().cloned())
+            .collect()
     }
 
     /// Stamps an entry being added with the sweep under way. Called under the `names` lock,
@@ -209,6 +241,11 @@ impl TagTable {
             for name in dropped {
                 names.remove(&name);
             }
+        }
+        if removed > 0 {
+            drop(names);
+            // Lets the removed tags' buffers go now, also when nothing reads the list.
+            self.used_buffers();
         }
         removed
     }

@@ -184,7 +184,7 @@ impl SegmentEngine {
     /// Builds `tag`'s buffer anew from its row's record `recorded` (a node that does not
     /// configure the tag follows a changed rule); requests in flight finish on the old one.
     pub(super) fn rebuild_tag(&self, tag: &str, recorded: Option<&str>) {
-        let buffer = TagEntry::built(
+        let entry = TagEntry::built(
             Arc::new(TagBuffer::new(tag, &self.settings, recorded)),
             recorded,
         );
@@ -193,7 +193,8 @@ impl SegmentEngine {
             rule = recorded.unwrap_or("none"),
             "the tag's row records another rule: this node follows it"
         );
-        self.tags.insert(tag, buffer);
+        self.tags.insert(tag, entry.clone());
+        self.tags.note_used(&entry);
     }
 
     pub(super) fn forget_tag(&self, tag: &str) {

@@ -556,6 +556,48 @@ async fn the_tag_list_is_swept_page_by_page() {
     assert_eq!(b.tags.names_after(b"", 100_000).0.len(), tags - 1);
 }
 
+/// The metrics and INFO read the tags in use from their own list, not by walking every tag:
+/// exactly the tags a request built, each once; a tag whose row is gone, or whose entry a
+/// changed record replaced, leaves it; a rebuilt tag is in it once.
+#[tokio::test]
+async fn only_the_tags_in_use_are_listed_for_the_metrics() {
+    let store = Arc::new(MemoryStore::new());
+    let node = sweep_node(store.clone());
+    for i in 0..50 {
+        node.create_tag(&format!("t{i:02}"), 10, 1, None)
+            .await
+            .unwrap();
+    }
+    node.refresh_tags().await.unwrap();
+    let used = |node: &SegmentEngine| {
+        let mut tags: Vec<String> = node.used_snapshot().into_iter().map(|t| t.tag).collect();
+        tags.sort();
+        tags
+    };
+    assert!(used(&node).is_empty(), "{:?}", used(&node));
+    for tag in ["t01", "t02", "t03", "t01"] {
+        node.next_ids(tag, 1).await.unwrap();
+    }
+    assert_eq!(used(&node), ["t01", "t02", "t03"]);
+    store.delete_row("t02");
+    let before = node.tags.get(b"t03").unwrap().loaded().cloned().unwrap();
+    let strict = super::rule::STRICT_MARKER;
+    store.claim_split("t03", None, Some(strict)).await.unwrap();
+    node.sweep_tags().await.unwrap();
+    // t03 follows its row's new rule: a new entry, in use from its next request on.
+    assert_eq!(
+        used(&node),
+        ["t01"],
+        "a gone row and a replaced entry leave"
+    );
+    node.next_ids("t03", 1).await.unwrap();
+    let after = node.tags.get(b"t03").unwrap().loaded().cloned().unwrap();
+    assert!(!Arc::ptr_eq(&before, &after) && after.kind.strict());
+    node.rebuild_tag("t01", Some(strict));
+    assert_eq!(used(&node), ["t01", "t03"], "each once");
+    assert_eq!(node.tags.len(), 49);
+}
+
 /// A sweep whose cursor does not move (the store hands the same page back) ends with an error
 /// instead of reading for ever, and removes nothing.
 #[tokio::test]
