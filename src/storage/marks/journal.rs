@@ -189,12 +189,24 @@ impl Journal {
     /// `known_len` is set to the log's new length once the bytes are written, before their
     /// fdatasync, when no other process had written since this one last looked (the common
     /// case): a reader comparing lengths then sees nothing new and need not wait for the sync.
-    /// When another had, it is left for the caller to set after the returned marks are read.
+    /// When another had, it is left for the caller to set after the returned marks are kept.
+    /// The other processes' marks read are returned also when the write then fails.
     pub fn append(
         &mut self,
         batch: &HashMap<String, i64>,
         known_len: &AtomicU64,
-    ) -> Result<Vec<(String, i64)>, String> {
+    ) -> (Vec<(String, i64)>, Result<(), String>) {
+        let mut others = Vec::new();
+        let written = self.append_reading(batch, known_len, &mut others);
+        (others, written)
+    }
+
+    fn append_reading(
+        &mut self,
+        batch: &HashMap<String, i64>,
+        known_len: &AtomicU64,
+        others: &mut Vec<(String, i64)>,
+    ) -> Result<(), String> {
         let mut lines = Vec::with_capacity(batch.len() * 32);
         for entry in batch {
             serde_json::to_writer(&mut lines, &entry).map_err(|e| self.fail(".log", e))?;
@@ -202,7 +214,7 @@ impl Journal {
         }
         let _locked = self.lock()?;
         let (generation, read_to) = (self.generation, self.read_to);
-        let others = self.catch_up()?;
+        *others = self.catch_up()?;
         let nothing_new = self.generation == generation && self.read_to == read_to;
         let (_, log) = self.files()?;
         let at = self.read_to;
@@ -221,7 +233,7 @@ impl Journal {
             return Err(self.fail(".log", e));
         }
         self.read_to = at + lines.len() as u64;
-        Ok(others)
+        Ok(())
     }
 
     /// `<path>.log`.

@@ -28,6 +28,9 @@ pub struct SegmentMarks {
     /// `<path>.log` (`None`: in memory), and its length after this process's last read or
     /// write of it: another length means another process wrote.
     log: Option<PathBuf>,
+    /// The marks' own path (`None`: in memory), to open the files again when the journal was
+    /// lost ([`SegmentMarks::take_journal`]).
+    path: Option<PathBuf>,
     /// Shared with the write under way, which moves it as soon as its bytes are in the log
     /// (before their fdatasync), so another tag's allocation beginning meanwhile does not
     /// wait for that write to read the log.
@@ -64,7 +67,8 @@ impl SegmentMarks {
         path: impl Into<PathBuf>,
         discard_unreadable: bool,
     ) -> Result<Arc<SegmentMarks>, StoreError> {
-        let opened = Journal::open(path.into()).map_err(StoreError::Unavailable)?;
+        let path = path.into();
+        let opened = Journal::open(path.clone()).map_err(StoreError::Unavailable)?;
         if opened.unreadable.len() == 2 {
             let files = opened.unreadable.join("; ");
             if !discard_unreadable {
@@ -78,6 +82,7 @@ impl SegmentMarks {
         }
         Ok(Arc::new(SegmentMarks {
             log: Some(opened.journal.log_path()),
+            path: Some(path),
             known_len: Arc::new(AtomicU64::new(opened.journal.read_to())),
             state: Mutex::new(Marks {
                 marks: opened.marks,
@@ -92,6 +97,7 @@ impl SegmentMarks {
     pub fn in_memory() -> Arc<SegmentMarks> {
         Arc::new(SegmentMarks {
             log: None,
+            path: None,
             known_len: Arc::new(AtomicU64::new(0)),
             state: Mutex::new(Marks::default()),
             writer: tokio::sync::Mutex::new(None),
@@ -134,22 +140,63 @@ impl SegmentMarks {
     /// Reads what other processes appended to the log since this one last looked.
     async fn catch_up(&self) -> Result<(), String> {
         let mut writer = self.writer.lock().await;
-        let Some(mut journal) = writer.take() else {
-            return Err("segment marks: an earlier write panicked; restart the node".into());
-        };
+        let mut journal = self.take_journal(&mut writer).await?;
         let (journal, read) = tokio::task::spawn_blocking(move || {
             let read = journal.catch_up_locked();
             (journal, read)
         })
         .await
         .map_err(|e| e.to_string())?;
-        self.known_len.store(journal.read_to(), Ordering::Release);
+        let read_to = journal.read_to();
         *writer = Some(journal);
+        self.merge_read(read?, read_to);
+        Ok(())
+    }
+
+    /// Keeps the marks other processes wrote, read from the files up to `read_to`, then moves
+    /// the log's known length there: in that order, so a reader comparing lengths never skips
+    /// marks not yet kept.
+    fn merge_read(&self, others: Vec<(String, i64)>, read_to: u64) {
         let mut state = self.lock();
-        for (tag, mark) in read? {
+        for (tag, mark) in others {
             raise(&mut state.read, &tag, mark);
         }
-        Ok(())
+        self.known_len.store(read_to, Ordering::Release);
+    }
+
+    /// Takes the journal out of `writer` (the caller puts it back). A journal lost to a call
+    /// cut short (its runtime shut down mid-write, or a panic) is opened again from the files,
+    /// and every mark is first rewritten as a snapshot: the lost write may have carried marks
+    /// whose callers count on their being on disk.
+    async fn take_journal(&self, writer: &mut Option<Journal>) -> Result<Journal, String> {
+        if let Some(journal) = writer.take() {
+            return Ok(journal);
+        }
+        let Some(path) = self.path.clone() else {
+            return Err("segment marks: kept in memory, no files to write".into());
+        };
+        let (marks, issued) = {
+            let state = self.lock();
+            (state.marks.clone(), state.issued)
+        };
+        let (journal, on_disk, others) = tokio::task::spawn_blocking(move || {
+            let opened = Journal::open(path)?;
+            let mut journal = opened.journal;
+            let others = journal.compact(marks)?;
+            Ok::<_, String>((journal, opened.marks, others))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        {
+            let mut state = self.lock();
+            state.durable = state.durable.max(issued);
+        }
+        self.merge_read(
+            on_disk.into_iter().chain(others).collect(),
+            journal.read_to(),
+        );
+        tracing::warn!("segment marks: a write was cut short; the files were read again and every mark rewritten");
+        Ok(journal)
     }
 
     /// Raises the mark of `tag` to `max_id` and makes it durable before returning. The mark
@@ -187,34 +234,30 @@ impl SegmentMarks {
             self.lock().durable = upto;
             return Ok(());
         }
-        let Some(mut journal) = writer.take() else {
-            return Err("segment marks: an earlier write panicked; restart the node".into());
-        };
-        let known_len = self.known_len.clone();
-        let (journal, batch, written) = tokio::task::spawn_blocking(move || {
-            let written = journal.append(&batch, &known_len);
-            (journal, batch, written)
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-        self.known_len.store(journal.read_to(), Ordering::Release);
-        *writer = Some(journal);
-        let others = match written {
-            Ok(others) => others,
+        let mut journal = match self.take_journal(&mut writer).await {
+            Ok(journal) => journal,
             Err(e) => {
-                let mut state = self.lock();
-                for (tag, mark) in batch {
-                    raise(&mut state.pending, &tag, mark);
-                }
+                self.put_back(batch);
                 return Err(e);
             }
         };
+        let known_len = self.known_len.clone();
+        let (journal, batch, (others, written)) = tokio::task::spawn_blocking(move || {
+            let appended = journal.append(&batch, &known_len);
+            (journal, batch, appended)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        let read_to = journal.read_to();
+        *writer = Some(journal);
+        self.merge_read(others, read_to);
+        if let Err(e) = written {
+            self.put_back(batch);
+            return Err(e);
+        }
         let compact = {
             let mut state = self.lock();
             state.durable = upto;
-            for (tag, mark) in others {
-                raise(&mut state.read, &tag, mark);
-            }
             let wants = writer.as_ref().is_some_and(Journal::wants_compaction);
             wants.then(|| state.marks.clone())
         };
@@ -224,11 +267,29 @@ impl SegmentMarks {
         Ok(())
     }
 
+    /// A failed write's marks, for the next write.
+    fn put_back(&self, batch: HashMap<String, i64>) {
+        let mut state = self.lock();
+        for (tag, mark) in batch {
+            raise(&mut state.pending, &tag, mark);
+        }
+    }
+
     /// At a clean stop: rewrites the marks as a snapshot if this process appended any, so a
     /// release before the log (which reads the slots only) finds every mark after a rollback.
+    /// A journal lost to a write cut short by the stop itself (a connection thread's runtime
+    /// ends with its tasks) is opened again, which rewrites them too.
     pub async fn close(&self) {
+        if self.in_memory {
+            return;
+        }
         let mut writer = self.writer.lock().await;
-        if writer.as_ref().is_some_and(Journal::appended) {
+        if writer.is_none() {
+            match self.take_journal(&mut writer).await {
+                Ok(journal) => *writer = Some(journal),
+                Err(e) => tracing::warn!(error = %e, "segment marks: not rewritten at stop"),
+            }
+        } else if writer.as_ref().is_some_and(Journal::appended) {
             let marks = self.lock().marks.clone();
             self.compact(&mut writer, marks).await;
         }
@@ -248,15 +309,10 @@ impl SegmentMarks {
         else {
             return;
         };
-        self.known_len.store(journal.read_to(), Ordering::Release);
+        let read_to = journal.read_to();
         *writer = Some(journal);
         match compacted {
-            Ok(others) => {
-                let mut state = self.lock();
-                for (tag, mark) in others {
-                    raise(&mut state.read, &tag, mark);
-                }
-            }
+            Ok(others) => self.merge_read(others, read_to),
             Err(e) => {
                 tracing::warn!(error = %e, "segment marks: compaction failed; the log keeps every mark and compaction is tried again later")
             }
@@ -367,6 +423,59 @@ mod tests {
         assert_eq!(reopened.get("t"), Some(500));
         assert_eq!(reopened.get("carried"), Some(70));
         assert_eq!(reopened.get("u"), Some(9));
+    }
+
+    /// Starts a write of `tag`'s mark on a runtime of its own and shuts that runtime down while
+    /// the write waits for the directory's lock, as a stop ends a connection thread's runtime:
+    /// the write task is cut short with the journal taken out.
+    fn cut_short(marks: &Arc<SegmentMarks>, path: &std::path::Path, tag: &'static str, mark: i64) {
+        let lock = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(format!("{}.lock", path.display()))
+            .unwrap();
+        lock.lock().unwrap();
+        let marks = marks.clone();
+        let cut = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let write = tokio::spawn(async move { marks.record(tag, mark).await });
+                for _ in 0..100 {
+                    tokio::task::yield_now().await;
+                }
+                assert!(!write.is_finished(), "the write did not wait for the lock");
+            });
+            // Waits for the blocking write, which waits for the lock.
+            drop(runtime);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        lock.unlock().unwrap();
+        cut.join().unwrap();
+    }
+
+    /// A write cut short by its runtime's shutdown loses the journal: the next write opens the
+    /// files again and rewrites every mark (the cut write's too), and so does a clean stop, whose
+    /// snapshot then holds every mark (an older release reads only the snapshot).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_write_cut_short_by_its_runtime_is_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("marks.json");
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        marks.record("a", 1).await.unwrap();
+        cut_short(&marks, &path, "t", 500);
+        marks.record("u", 9).await.unwrap();
+        cut_short(&marks, &path, "v", 70);
+        marks.close().await;
+        let (snapshot, _) = journal::read_newest(&path).unwrap();
+        let snapshot = snapshot.expect("a snapshot written at close").marks;
+        for (tag, mark) in [("a", 1), ("t", 500), ("u", 9), ("v", 70)] {
+            assert_eq!(snapshot.get(tag), Some(&mark), "{tag}");
+        }
+        let reopened = SegmentMarks::open(&path, false).unwrap();
+        assert_eq!(reopened.get("v"), Some(70));
     }
 
     /// What another process appended is read before this one's next allocation, and kept
