@@ -257,7 +257,7 @@ impl SegmentMarks {
         }
         let compact = {
             let mut state = self.lock();
-            state.durable = upto;
+            state.durable = state.durable.max(upto);
             let wants = writer.as_ref().is_some_and(Journal::wants_compaction);
             wants.then(|| state.marks.clone())
         };
