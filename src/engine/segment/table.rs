@@ -35,6 +35,9 @@ pub(super) struct TagTable {
     /// read the tags in use without walking every tag. An entry no longer in the map (removed,
     /// or replaced by a rebuild) is dropped from it when it is next read.
     used: Mutex<Vec<Arc<TagEntry>>>,
+    /// One reader of `used` at a time; a reader holds `used` itself only to take the list and
+    /// to put it back, so a request noting a tag never waits for a walk of the list.
+    used_reader: Mutex<()>,
 }
 
 impl Default for TagTable {
@@ -45,6 +48,7 @@ impl Default for TagTable {
             names: Mutex::default(),
             sweep: AtomicU32::new(0),
             used: Mutex::default(),
+            used_reader: Mutex::default(),
         }
     }
 }
@@ -81,7 +85,8 @@ impl TagTable {
     /// The buffers of the tags in use, unsorted: O(tags in use), not O(tags). Entries no longer
     /// in the map are dropped from the list here.
     pub fn used_buffers(&self) -> Vec<Arc<TagBuffer>> {
-        let mut used = self.used();
+        let _one_reader = self.used_reader.lock().unwrap_or_else(|p| p.into_inner());
+        let mut used = std::mem::take(&mut *self.used());
         used.retain(|entry| match entry.loaded() {
             Some(buffer) => self
                 .read(buffer.name.as_bytes(), |current| {
@@ -91,9 +96,15 @@ impl TagTable {
             // Noted while its buffers are being built.
             None => true,
         });
-        used.iter()
+        let buffers = used
+            .iter()
             .filter_map(|entry| entry.loaded().cloned())
-            .collect()
+            .collect();
+        let mut list = self.used();
+        // Tags noted while the list was out.
+        used.append(&mut list);
+        *list = used;
+        buffers
     }
 
     /// Stamps an entry being added with the sweep under way. Called under the `names` lock,
@@ -302,6 +313,34 @@ mod tests {
 
     /// A sweep removes exactly the entries it neither marked nor saw added while it ran; the
     /// name index follows; entries added in bulk replace and add one shard copy at a time.
+    /// Tags noted in use while another thread walks the list (a scrape) are all kept.
+    #[test]
+    fn tags_noted_while_the_list_is_read_are_kept() {
+        let table = Arc::new(TagTable::default());
+        let settings = crate::engine::segment::SegmentSettings::default();
+        for i in 0..2000 {
+            table.insert_if_absent(&format!("t{i}"), || TagEntry::new(None));
+        }
+        let reader = {
+            let table = table.clone();
+            std::thread::spawn(move || {
+                for _ in 0..300 {
+                    table.used_buffers();
+                }
+            })
+        };
+        for i in 0..2000 {
+            let name = format!("t{i}");
+            table.read(name.as_bytes(), |entry| {
+                entry.buffer(&name, &settings, &table);
+            });
+        }
+        reader.join().unwrap();
+        assert_eq!(table.used_buffers().len(), 2000);
+        table.remove("t5");
+        assert_eq!(table.used_buffers().len(), 1999, "a removed tag leaves");
+    }
+
     #[test]
     fn a_sweep_removes_only_what_it_did_not_find() {
         let table = TagTable::default();
