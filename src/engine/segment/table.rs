@@ -82,9 +82,18 @@ impl TagTable {
         self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The buffers of the tags in use, unsorted: O(tags in use), not O(tags). Entries no longer
-    /// in the map are dropped from the list here.
+    /// The buffers of the tags in use, unsorted: O(tags in use), not O(tags).
     pub fn used_buffers(&self) -> Vec<Arc<TagBuffer>> {
+        self.prune_used(|used| {
+            used.iter()
+                .filter_map(|entry| entry.loaded().cloned())
+                .collect()
+        })
+    }
+
+    /// Drops from the in-use list the entries no longer in the map, then calls `read` with the
+    /// list. The list is taken out meanwhile and put back with whatever was noted since.
+    fn prune_used<R>(&self, read: impl FnOnce(&[Arc<TagEntry>]) -> R) -> R {
         let _one_reader = self.used_reader.lock().unwrap_or_else(|p| p.into_inner());
         let mut used = std::mem::take(&mut *self.used());
         used.retain(|entry| match entry.loaded() {
@@ -96,15 +105,12 @@ impl TagTable {
             // Noted while its buffers are being built.
             None => true,
         });
-        let buffers = used
-            .iter()
-            .filter_map(|entry| entry.loaded().cloned())
-            .collect();
+        let result = read(&used);
         let mut list = self.used();
         // Tags noted while the list was out.
         used.append(&mut list);
         *list = used;
-        buffers
+        result
     }
 
     /// Stamps an entry being added with the sweep under way. Called under the `names` lock,
@@ -256,7 +262,7 @@ impl TagTable {
         if removed > 0 {
             drop(names);
             // Lets the removed tags' buffers go now, also when nothing reads the list.
-            self.used_buffers();
+            self.prune_used(|_| ());
         }
         removed
     }
@@ -311,8 +317,6 @@ mod tests {
         assert_eq!(table.read(b"b", |_| 1), Some(1));
     }
 
-    /// A sweep removes exactly the entries it neither marked nor saw added while it ran; the
-    /// name index follows; entries added in bulk replace and add one shard copy at a time.
     /// Tags noted in use while another thread walks the list (a scrape) are all kept.
     #[test]
     fn tags_noted_while_the_list_is_read_are_kept() {
@@ -341,6 +345,8 @@ mod tests {
         assert_eq!(table.used_buffers().len(), 1999, "a removed tag leaves");
     }
 
+    /// A sweep removes exactly the entries it neither marked nor saw added while it ran; the
+    /// name index follows; entries added in bulk replace and add one shard copy at a time.
     #[test]
     fn a_sweep_removes_only_what_it_did_not_find() {
         let table = TagTable::default();

@@ -28,8 +28,8 @@ pub struct SegmentMarks {
     /// `<path>.log` (`None`: in memory), and its length after this process's last read or
     /// write of it: another length means another process wrote.
     log: Option<PathBuf>,
-    /// The marks' own path (`None`: in memory), to open the files again when the journal was
-    /// lost ([`SegmentMarks::take_journal`]).
+    /// The marks' own path (`None`: marks kept in memory only), to open the files again when
+    /// the journal was lost ([`SegmentMarks::take_journal`]).
     path: Option<PathBuf>,
     /// Shared with the write under way, which moves it as soon as its bytes are in the log
     /// (before their fdatasync), so another tag's allocation beginning meanwhile does not
@@ -37,7 +37,6 @@ pub struct SegmentMarks {
     known_len: Arc<AtomicU64>,
     /// The files (`None`: marks kept in memory only); one write at a time.
     writer: tokio::sync::Mutex<Option<Journal>>,
-    in_memory: bool,
 }
 
 #[derive(Default)]
@@ -89,7 +88,6 @@ impl SegmentMarks {
                 ..Marks::default()
             }),
             writer: tokio::sync::Mutex::new(Some(opened.journal)),
-            in_memory: false,
         }))
     }
 
@@ -101,7 +99,6 @@ impl SegmentMarks {
             known_len: Arc::new(AtomicU64::new(0)),
             state: Mutex::new(Marks::default()),
             writer: tokio::sync::Mutex::new(None),
-            in_memory: true,
         })
     }
 
@@ -191,6 +188,8 @@ impl SegmentMarks {
             let mut state = self.lock();
             state.durable = state.durable.max(issued);
         }
+        // What is on disk includes other processes' marks appended since this one last read
+        // the log (and this process's own, no higher than its marks: harmless among them).
         self.merge_read(
             on_disk.into_iter().chain(others).collect(),
             journal.read_to(),
@@ -230,7 +229,7 @@ impl SegmentMarks {
             }
             (std::mem::take(&mut state.pending), state.issued)
         };
-        if self.in_memory {
+        if self.path.is_none() {
             self.lock().durable = upto;
             return Ok(());
         }
@@ -280,7 +279,7 @@ impl SegmentMarks {
     /// A journal lost to a write cut short by the stop itself (a connection thread's runtime
     /// ends with its tasks) is opened again, which rewrites them too.
     pub async fn close(&self) {
-        if self.in_memory {
+        if self.path.is_none() {
             return;
         }
         let mut writer = self.writer.lock().await;
