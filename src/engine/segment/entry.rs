@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
 
+use super::gather::Gather;
 use super::table::TagTable;
 use super::{
     strict, BufferState, OpaqueCipher, PeriodRule, SegmentError, SegmentSettings, TagRule,
@@ -27,6 +28,8 @@ pub struct TagBuffer {
     pub(super) opaque_claimed: std::sync::atomic::AtomicBool,
     /// Strict requests waiting for the next allocation of the tag.
     pub(super) strict_waiting: Mutex<Vec<strict::Waiting>>,
+    /// A strict tag's wait for the requesters its last allocation answered (`None`: not strict).
+    pub(super) strict_gather: Option<Box<Gather>>,
     /// The period whose sequence numbers this node saw run out (0: none): no allocation is
     /// asked for until the node's clock reaches the next period.
     pub(super) period_exhausted: std::sync::atomic::AtomicI64,
@@ -96,6 +99,8 @@ impl TagBuffer {
         } else {
             settings.configured_rule(name)
         };
+        let followed = follows.then(|| rule.record());
+        let kind = TagKind::of(rule, settings.opaque_of(name));
         TagBuffer {
             name: name.into(),
             state: Mutex::new(BufferState {
@@ -106,9 +111,10 @@ impl TagBuffer {
             allocating: tokio::sync::Mutex::new(()),
             opaque_claimed: std::sync::atomic::AtomicBool::new(false),
             strict_waiting: Mutex::new(Vec::new()),
+            strict_gather: kind.strict().then(Box::default),
             period_exhausted: std::sync::atomic::AtomicI64::new(0),
-            followed: follows.then(|| rule.record()),
-            kind: TagKind::of(rule, settings.opaque_of(name)),
+            followed,
+            kind,
         }
     }
 

@@ -5,6 +5,7 @@ mod admin;
 mod admit;
 mod buffer;
 mod entry;
+mod gather;
 mod load;
 pub mod opaque;
 pub mod period;

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::oneshot;
 
+use super::gather::Gather;
 use super::{LoadFailure, PeriodRule, SegmentEngine, SegmentError, TagBuffer};
 use crate::storage::StoreError;
 
@@ -17,6 +18,8 @@ use crate::storage::StoreError;
 pub(super) struct Waiting {
     n: i64,
     reply: oneshot::Sender<Result<i64, SegmentError>>,
+    /// The task that asked, when the tag gathers its batches.
+    from: Option<tokio::task::Id>,
 }
 
 impl SegmentEngine {
@@ -28,11 +31,14 @@ impl SegmentEngine {
         n: i64,
     ) -> Result<i64, SegmentError> {
         let (reply, mut answer) = oneshot::channel();
-        buffer
-            .strict_waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Waiting { n, reply });
+        let from = buffer
+            .strict_gather
+            .as_ref()
+            .and_then(|_| Gather::requester());
+        Self::strict_queue(buffer).push(Waiting { n, reply, from });
+        if let Some(gather) = &buffer.strict_gather {
+            gather.queued(from);
+        }
         let served = async {
             loop {
                 // One allocation of the tag at a time on this node; whoever holds the lock
@@ -49,17 +55,25 @@ impl SegmentEngine {
                     }
                     Err(oneshot::error::TryRecvError::Empty) => {}
                 }
-                let batch = std::mem::take(
-                    &mut *buffer
-                        .strict_waiting
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()),
-                );
+                if let Some(gather) = &buffer.strict_gather {
+                    gather.wait().await;
+                }
+                let batch = std::mem::take(&mut *Self::strict_queue(buffer));
                 if batch.is_empty() {
                     // Taken by a holder whose answer is on its way: wait for the lock again.
                     continue;
                 }
+                let requesters: Vec<_> = match &buffer.strict_gather {
+                    Some(_) => batch.iter().map(|w| w.from).collect(),
+                    None => Vec::new(),
+                };
+                let started = std::time::Instant::now();
                 self.serve_batch(buffer, batch).await;
+                if let Some(gather) = &buffer.strict_gather {
+                    let queue = Self::strict_queue(buffer);
+                    let queued = queue.iter().map(|w| w.from);
+                    gather.served(requesters.into_iter(), queued, started.elapsed());
+                }
                 drop(_one_at_a_time);
                 return match answer.await {
                     Ok(result) => result,
@@ -78,6 +92,14 @@ impl SegmentEngine {
                 ),
             }),
         }
+    }
+
+    /// The requests waiting for the tag's next allocation.
+    fn strict_queue(buffer: &TagBuffer) -> std::sync::MutexGuard<'_, Vec<Waiting>> {
+        buffer
+            .strict_waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// One allocation of exactly what `batch` asks for, handed out in its order. A period
