@@ -51,10 +51,15 @@ struct State {
     waiting_until: Option<Instant>,
 }
 
+/// `count` is at least three quarters of `of`.
+fn three_quarters(count: usize, of: usize) -> bool {
+    count * 4 >= of * 3
+}
+
 impl State {
     /// Enough of the last allocation's requesters are queued again.
     fn enough_back(&self) -> bool {
-        self.back * 4 >= self.answered.len() * 3
+        three_quarters(self.back, self.answered.len())
     }
 
     fn mark_back(&mut self, from: task::Id, now: Instant) {
@@ -110,7 +115,8 @@ impl Gather {
     }
 
     /// Waits, before an allocation is sent (by the node's one allocating holder), until enough
-    /// of the last allocation's requesters are queued again, when they came back soon last time.
+    /// of the last allocation's requesters are queued again, when they came back soon the two
+    /// times before.
     pub async fn wait(&self) -> Waited {
         let started = Instant::now();
         let soon = {
@@ -149,12 +155,11 @@ impl Gather {
     /// are the requesters of the requests waiting now (some may be back already).
     pub fn served(
         &self,
-        requesters: impl Iterator<Item = Option<task::Id>>,
-        queued: impl Iterator<Item = Option<task::Id>>,
+        requesters: impl Iterator<Item = task::Id>,
+        queued: impl Iterator<Item = task::Id>,
         allocation: Duration,
     ) {
         let mut answered: Vec<(task::Id, bool)> = requesters
-            .flatten()
             .take(MAX_FOLLOWED)
             .map(|id| (id, false))
             .collect();
@@ -163,7 +168,8 @@ impl Gather {
         let now = Instant::now();
         let mut state = self.state();
         // The allocation before's requesters: did they come back soon?
-        let soon = !state.answered.is_empty() && state.back_soon * 4 >= state.answered.len() * 3;
+        let soon =
+            !state.answered.is_empty() && three_quarters(state.back_soon, state.answered.len());
         state.came_back = if soon {
             (state.came_back + 1).min(2)
         } else {
@@ -174,7 +180,7 @@ impl Gather {
         state.back_soon = 0;
         state.served_at = Some(now);
         state.soon = (allocation / 2).min(MAX_WAIT);
-        for from in queued.flatten() {
+        for from in queued {
             state.mark_back(from, now);
         }
     }
@@ -193,8 +199,8 @@ mod tests {
         (handles.iter().map(|h| h.id()).collect(), handles)
     }
 
-    fn each(ids: &[task::Id]) -> impl Iterator<Item = Option<task::Id>> + '_ {
-        ids.iter().copied().map(Some)
+    fn each(ids: &[task::Id]) -> impl Iterator<Item = task::Id> + '_ {
+        ids.iter().copied()
     }
 
     const ALLOCATION: Duration = Duration::from_millis(40);

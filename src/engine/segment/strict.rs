@@ -31,12 +31,10 @@ impl SegmentEngine {
         n: i64,
     ) -> Result<i64, SegmentError> {
         let (reply, mut answer) = oneshot::channel();
-        let from = buffer
-            .strict_gather
-            .as_ref()
-            .and_then(|_| Gather::requester());
+        let gather = buffer.strict_gather.as_deref();
+        let from = gather.and_then(|_| Gather::requester());
         Self::strict_queue(buffer).push(Waiting { n, reply, from });
-        if let Some(gather) = &buffer.strict_gather {
+        if let Some(gather) = gather {
             gather.queued(from);
         }
         let served = async {
@@ -55,7 +53,7 @@ impl SegmentEngine {
                     }
                     Err(oneshot::error::TryRecvError::Empty) => {}
                 }
-                if let Some(gather) = &buffer.strict_gather {
+                if let Some(gather) = gather {
                     gather.wait().await;
                 }
                 let batch = std::mem::take(&mut *Self::strict_queue(buffer));
@@ -63,15 +61,13 @@ impl SegmentEngine {
                     // Taken by a holder whose answer is on its way: wait for the lock again.
                     continue;
                 }
-                let requesters: Vec<_> = match &buffer.strict_gather {
-                    Some(_) => batch.iter().map(|w| w.from).collect(),
-                    None => Vec::new(),
-                };
+                // Empty (no allocation) when the tag does not gather.
+                let requesters: Vec<_> = batch.iter().filter_map(|w| w.from).collect();
                 let started = std::time::Instant::now();
                 self.serve_batch(buffer, batch).await;
-                if let Some(gather) = &buffer.strict_gather {
+                if let Some(gather) = gather {
                     let queue = Self::strict_queue(buffer);
-                    let queued = queue.iter().map(|w| w.from);
+                    let queued = queue.iter().filter_map(|w| w.from);
                     gather.served(requesters.into_iter(), queued, started.elapsed());
                 }
                 drop(_one_at_a_time);
