@@ -109,8 +109,9 @@ where
         Ok(rows.first().map(LeafAlloc::from_row).transpose()?)
     }
 
-    /// Records `marker` as the tag's opaque-ID key unless one is recorded or `max_id` reached
-    /// `below`; the record and `max_id` after.
+    /// Records `marker` as the tag's opaque-ID key unless one is recorded, `max_id` reached
+    /// `below` or the row records strict order or a period (refused, nothing written); the
+    /// record and `max_id` after.
     pub(crate) async fn claim_opaque(
         pool: &Pool<DB>,
         tag: &str,
@@ -119,13 +120,13 @@ where
     ) -> Result<(Option<String>, i64), StoreError> {
         let p = DB::placeholder;
         let claim = format!(
-            "UPDATE leaf_alloc SET opaque = {} WHERE biz_tag = {} AND opaque IS NULL AND max_id < {}",
+            "UPDATE leaf_alloc SET opaque = {} WHERE biz_tag = {} AND opaque IS NULL AND max_id < {} AND (split IS NULL OR (split NOT LIKE 'order:%' AND split NOT LIKE 'period:%'))",
             p(1),
             p(2),
             p(3)
         );
         let read = format!(
-            "SELECT opaque, max_id FROM leaf_alloc WHERE biz_tag = {}",
+            "SELECT opaque, max_id, split FROM leaf_alloc WHERE biz_tag = {}",
             p(1)
         );
         let (claim, read) = (&claim, &read);
@@ -137,7 +138,10 @@ where
                 .execute(&mut *tx)
                 .await?;
             let row = Self::read_back(&mut tx, read, tag).await?;
-            Ok((tx, (row.try_get(0)?, row.try_get(1)?)))
+            let (opaque, max_id, split): (Option<String>, i64, Option<String>) =
+                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+            super::opaque_claimable(tag, split.as_deref())?;
+            Ok((tx, (opaque, max_id)))
         })
         .await
     }

@@ -28,6 +28,10 @@ pub enum StoreError {
         recorded: String,
         mine: Option<String>,
     },
+    /// An opaque node's claim of its key found the row recording strict order or a period,
+    /// which opaque IDs cannot follow; the row was left as it was (no marker written).
+    #[error("opaque IDs refused: tag '{tag}' records {recorded}, and opaque IDs are served in trend order only; nothing was written to its row: serve the tag as its row records it, or give the opaque use a tag of its own")]
+    OpaqueRefused { tag: String, recorded: String },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     /// A write (its statements or its commit) failed: nothing of it took effect, and nothing a
@@ -163,6 +167,20 @@ pub(super) fn insert_error(err: sqlx::Error, tag: &str) -> StoreError {
             StoreError::TagExists(tag.to_string())
         }
         _ => StoreError::Database(err),
+    }
+}
+
+/// Whether an opaque key may be claimed on a row recording `split`: not on a strict or period
+/// tag, whose order opaque IDs cannot keep ([`StoreError::OpaqueRefused`]).
+pub(crate) fn opaque_claimable(tag: &str, split: Option<&str>) -> Result<(), StoreError> {
+    match split {
+        Some(r) if r.starts_with("order:") || r.starts_with(super::PERIOD_RECORD) => {
+            Err(StoreError::OpaqueRefused {
+                tag: tag.to_string(),
+                recorded: r.to_string(),
+            })
+        }
+        _ => Ok(()),
     }
 }
 

@@ -193,6 +193,7 @@ impl SegmentStore for MemoryStore {
         let row = rows
             .get_mut(tag)
             .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        super::opaque_claimable(tag, row.split.as_deref())?;
         if row.opaque.is_none() && row.max_id < below {
             row.opaque = Some(marker.to_string());
         }

@@ -30,9 +30,9 @@ use crate::config::StorageConfig;
 
 pub use batch::AllocationBatcher;
 pub use deferred::DeferredStore;
-pub(crate) use error::refused_rule;
 pub use error::StoreError;
 use error::{insert_error, not_allocated};
+pub(crate) use error::{opaque_claimable, refused_rule};
 pub use failover::FailoverSkip;
 pub use grant::{rule_admits, same_rule, Grant, LeafAlloc, NewTag, SeenRow, Window, PERIOD_RECORD};
 pub use marks::SegmentMarks;

@@ -77,6 +77,11 @@ impl Calendar {
 
 pub use crate::storage::same_rule;
 
+/// How far a period tag's row may be ahead of a node's clock: a node whose clock lags the one
+/// that opened the next period by less than this serves in the row's period (clocks a second
+/// apart across midnight); by more, it refuses until its clock arrives.
+pub const PERIOD_AHEAD_MS: u64 = 60_000;
+
 /// How one period tag turns positions of its row into IDs.
 #[derive(Debug)]
 pub struct PeriodRule {
@@ -124,6 +129,49 @@ impl PeriodRule {
             Calendar::Month => year * 100 + month,
             Calendar::Year => year,
         }
+    }
+
+    /// Whether `period` (as [`PeriodRule::period_of`] reads a row position) is a date of this
+    /// rule's calendar: a year 1–9999, a month 1–12, a day of that month. A row raised by hand,
+    /// by a trend use of the tag or by a node with other digits reads as no date (month 13, a
+    /// nine-digit "day"); its numbers must never be served as one.
+    pub fn is_date(&self, period: i64) -> bool {
+        let (year, month, day) = match self.calendar {
+            Calendar::Day => (period / 10_000, period / 100 % 100, period % 100),
+            Calendar::Month => (period / 100, period % 100, 1),
+            Calendar::Year => (period, 1, 1),
+        };
+        (1..=9999).contains(&year)
+            && i16::try_from(year)
+                .is_ok_and(|year| jiff::civil::Date::new(year, month as i8, day as i8).is_ok())
+    }
+
+    /// Why the row position `position` may not be served by a node whose clock reads
+    /// `now_ms` (`None`: it may): its period is no date of this rule, or a period later than
+    /// the one the clock reaches within [`PERIOD_AHEAD_MS`] (a row raised into the future
+    /// would date IDs by the row, not by the clock).
+    pub fn refuse_position(&self, position: i64, now_ms: u64) -> Option<String> {
+        let period = self.period_of(position);
+        // 0: a row no period has raised yet (the raise moves it to today's first number).
+        if period == 0 {
+            return None;
+        }
+        let latest = self.period_at(now_ms.saturating_add(PERIOD_AHEAD_MS));
+        let what = if !self.is_date(period) {
+            format!(
+                "no date of a {} tag with {} sequence digits",
+                self.calendar.name(),
+                self.digits
+            )
+        } else if period > latest {
+            format!("later than this node's period {}", self.period_at(now_ms))
+        } else {
+            return None;
+        };
+        Some(format!(
+            "IDs refused: the row's position {position} reads as period {period}, {what}; nothing was taken. The row was set by hand, by a trend use of the tag or under another rule, and its numbers would be dated by the row, not the clock: serve the period from a new tag (LEAF.TAG CREATE <tag> <step> PERIOD {})",
+            self.calendar.name()
+        ))
     }
 
     /// What the tag's row records of this rule (in its `split` column, which a period tag does
@@ -287,6 +335,59 @@ mod tests {
                 usable: 10_000
             })
         );
+    }
+
+    #[test]
+    fn a_position_that_is_no_date_or_a_later_period_is_refused() {
+        let daily = rule(Calendar::Day, "UTC", 6);
+        let now = ms("2026-12-07T12:00:00Z");
+        assert_eq!(
+            daily.refuse_position(daily.first_position(20261207), now),
+            None
+        );
+        assert_eq!(
+            daily.refuse_position(daily.first_position(20261206) + 5, now),
+            None
+        );
+        assert_eq!(
+            daily.refuse_position(5, now),
+            None,
+            "a row no period raised yet"
+        );
+        // Month 13, day 32, 30 February, next year, a position of other digits.
+        for position in [
+            202613070000005,
+            202612320000001,
+            202602300000001,
+            202712070000005,
+        ] {
+            let refusal = daily.refuse_position(position, now).expect("refused");
+            assert!(
+                refusal.starts_with("IDs refused: the row's position"),
+                "{refusal}"
+            );
+        }
+        let four = rule(Calendar::Day, "UTC", 4);
+        let text = four.refuse_position(202612070000002, now).unwrap();
+        assert!(
+            text.contains("reads as period 2026120700, no date of a daily tag with 4"),
+            "{text}"
+        );
+        // Tomorrow is served only within PERIOD_AHEAD_MS of midnight.
+        let tomorrow = daily.first_position(20261208);
+        assert!(daily.refuse_position(tomorrow, now).is_some());
+        assert_eq!(
+            daily.refuse_position(tomorrow, ms("2026-12-07T23:59:30Z")),
+            None
+        );
+        let yearly = rule(Calendar::Year, "UTC", 1);
+        assert!(yearly
+            .refuse_position(yearly.first_position(9999), now)
+            .is_some());
+        assert!(!yearly.is_date(0) && yearly.is_date(2026) && !yearly.is_date(10_000));
+        let monthly = rule(Calendar::Month, "UTC", 4);
+        assert!(!monthly.is_date(202699) && monthly.is_date(202612) && !monthly.is_date(202600));
+        assert!(daily.is_date(20240229) && !daily.is_date(20250229));
     }
 
     #[test]

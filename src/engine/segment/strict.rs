@@ -232,7 +232,10 @@ impl SegmentEngine {
             return Ok(last);
         };
         match (rule.id_at(first), rule.id_at(last)) {
-            (Some(_), Some(id)) if rule.period_of(first) == rule.period_of(last) => Ok(id),
+            (Some(_), Some(id)) if rule.period_of(first) == rule.period_of(last) => {
+                self.check_position(buffer, rule, first, self.clock.now_millis())?;
+                Ok(id)
+            }
             _ => Err(self.period_used_up(buffer, last)),
         }
     }
@@ -244,7 +247,8 @@ impl SegmentEngine {
         buffer: &TagBuffer,
         rule: &PeriodRule,
     ) -> Result<(), SegmentError> {
-        let now = rule.period_at(self.clock.now_millis());
+        let now_ms = self.clock.now_millis();
+        let now = rule.period_at(now_ms);
         let exhausted = buffer.period_exhausted.load(Ordering::Relaxed);
         if exhausted >= now {
             return Err(SegmentError::PeriodExhausted {
@@ -253,8 +257,9 @@ impl SegmentEngine {
                 last: rule.last_sequence(),
             });
         }
-        if rule.period_of(buffer.lock().max_id) >= now {
-            return Ok(());
+        let known = buffer.lock().max_id;
+        if rule.period_of(known) >= now {
+            return self.check_position(buffer, rule, known, now_ms);
         }
         let floor = rule.first_position(now);
         let marker = rule.marker();
@@ -262,11 +267,32 @@ impl SegmentEngine {
             super::admin::retry_conflicts(|| self.store.raise(&buffer.name, floor, &marker)).await;
         match raised {
             Ok(max_id) => {
-                let mut st = buffer.lock();
-                st.max_id = st.max_id.max(max_id);
-                Ok(())
+                {
+                    let mut st = buffer.lock();
+                    st.max_id = st.max_id.max(max_id);
+                }
+                self.check_position(buffer, rule, max_id, now_ms)
             }
             Err(e) => Err(self.failure_error(&buffer.name, LoadFailure::from_store(&e))),
+        }
+    }
+
+    /// A period tag's row position may be served by this node only as a date of its rule, at
+    /// or before the period its clock is in ([`PeriodRule::refuse_position`]): checked before
+    /// an allocation moves the row, and again on the range it granted.
+    fn check_position(
+        &self,
+        buffer: &TagBuffer,
+        rule: &PeriodRule,
+        position: i64,
+        now_ms: u64,
+    ) -> Result<(), SegmentError> {
+        match rule.refuse_position(position, now_ms) {
+            None => Ok(()),
+            Some(reason) => {
+                tracing::warn!(tag = %buffer.name, position, "{reason}");
+                Err(self.failure_error(&buffer.name, LoadFailure::Unavailable(reason.into())))
+            }
         }
     }
 

@@ -77,26 +77,111 @@ pub(super) fn read_newest(path: &Path) -> Result<(Option<Record>, Vec<String>), 
     Ok((newest, unreadable))
 }
 
-/// The log's entries from byte `from` on: `(header, entries, end of the last complete line)`.
-/// A last line without its newline is a write torn by a crash or a full disk: not an entry,
-/// and the next append overwrites it. A complete line that does not parse is skipped.
-fn parse_log(bytes: &[u8], from: u64) -> (Option<u64>, Vec<(String, i64)>, u64) {
-    let mut header = None;
-    let mut entries = Vec::new();
-    let mut at = from as usize;
+/// What a read of the log found: its header (the first line, when `at_start`), its entries,
+/// the end of the last line read whole, and where it stopped on damage.
+pub(super) struct LogRead {
+    pub header: Option<u64>,
+    pub entries: Vec<(String, i64)>,
+    pub end: u64,
+    /// A complete line that does not parse, or a last line without its newline that no write
+    /// could have left: the log is damaged, and nothing from there on is believed.
+    pub damage: Option<String>,
+}
+
+/// Reads log bytes line by line. A last line without its newline is a write torn by a crash or
+/// a full disk (not an entry; the next append overwrites it) only when it is the beginning of
+/// a line leafd writes, possibly followed by zero bytes (a size that grew before its data);
+/// anything else, and any complete line that does not parse, is damage.
+pub(super) fn parse_log(bytes: &[u8], at_start: bool) -> LogRead {
+    let mut read = LogRead {
+        header: None,
+        entries: Vec::new(),
+        end: 0,
+        damage: None,
+    };
+    let mut at = 0usize;
     while let Some(len) = bytes[at..].iter().position(|&b| b == b'\n') {
         let line = &bytes[at..at + len];
-        if at == 0 {
+        if at == 0 && at_start {
             if let Ok(h) = serde_json::from_slice::<Header>(line) {
-                header = Some(h.after);
+                read.header = Some(h.after);
+                at += len + 1;
+                read.end = at as u64;
+                continue;
             }
         }
-        if let Ok(entry) = serde_json::from_slice::<(String, i64)>(line) {
-            entries.push(entry);
+        match serde_json::from_slice::<(String, i64)>(line) {
+            Ok(entry) => read.entries.push(entry),
+            Err(e) => {
+                read.damage = Some(format!("line at byte {at} is not a mark ({e})"));
+                return read;
+            }
         }
         at += len + 1;
+        read.end = at as u64;
     }
-    (header, entries, at as u64)
+    let tail = &bytes[at..];
+    if !torn_write(tail) {
+        read.damage = Some(format!(
+            "its last {} bytes (at byte {at}) are no line leafd writes",
+            tail.len()
+        ));
+    }
+    read
+}
+
+/// Whether bytes after the last newline may be a write cut short: the beginning of an entry
+/// (`["<tag>",<mark>]`) or a header (`{"after":<seq>}`), then only zero bytes.
+fn torn_write(tail: &[u8]) -> bool {
+    let end = tail.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let written = &tail[..end];
+    if written.is_empty() {
+        return true;
+    }
+    let header = b"{\"after\":";
+    if written[0] == b'{' {
+        let fixed = written.len().min(header.len());
+        return written[..fixed] == header[..fixed] && digits_then(&written[fixed..], Some(b'}'));
+    }
+    if written[0] != b'[' {
+        return false;
+    }
+    // The tag: a JSON string, any bytes but an unescaped quote.
+    let mut i = 1;
+    if i == written.len() {
+        return true;
+    }
+    if written[i] != b'"' {
+        return false;
+    }
+    i += 1;
+    loop {
+        match written.get(i) {
+            None => return true,
+            Some(b'\\') => i += 2,
+            Some(b'"') => break,
+            Some(_) => i += 1,
+        }
+    }
+    i += 1;
+    match written.get(i) {
+        None => true,
+        Some(b',') => {
+            let rest = &written[i + 1..];
+            digits_then(rest.strip_prefix(b"-").unwrap_or(rest), Some(b']'))
+        }
+        Some(_) => false,
+    }
+}
+
+/// `bytes` is digits, then at most the closing byte `close` and nothing after it.
+fn digits_then(bytes: &[u8], close: Option<u8>) -> bool {
+    let digits = bytes.iter().take_while(|b| b.is_ascii_digit()).count();
+    match &bytes[digits..] {
+        [] => true,
+        [last] => Some(*last) == close && digits > 0,
+        _ => false,
+    }
 }
 
 /// This process's handle on the marks files; one write at a time (the caller serialises).
@@ -121,12 +206,15 @@ pub(super) struct Opened {
     pub journal: Journal,
     pub marks: HashMap<String, i64>,
     pub unreadable: Vec<String>,
+    /// Files that are damaged, not torn by a crash: what they held is not known.
+    pub damaged: Vec<String>,
 }
 
 impl Journal {
     /// Reads the newest snapshot and the log after it.
     pub fn open(path: PathBuf) -> Result<Opened, String> {
         let (newest, unreadable) = read_newest(&path)?;
+        let has_snapshot = newest.is_some();
         let (snapshot_seq, mut marks) = newest.map_or((0, HashMap::new()), |r| (r.seq, r.marks));
         let snapshot_bytes = std::fs::metadata(slot(&path, snapshot_seq)).map_or(0, |m| m.len());
         let log_path = suffixed(&path, ".log");
@@ -135,22 +223,41 @@ impl Journal {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(format!("segment marks log {}: {e}", log_path.display())),
         };
-        let (header, entries, read_to) = parse_log(&bytes, 0);
-        for (tag, mark) in entries {
+        let log = parse_log(&bytes, true);
+        let mut damaged = Vec::new();
+        if let Some(damage) = &log.damage {
+            damaged.push(format!("{}: {damage}", log_path.display()));
+        }
+        // The log's header names the snapshot its marks follow: a newest readable snapshot
+        // older than that is a newer one lost (damaged or deleted), and its marks with it.
+        let follows = log.header.unwrap_or(0);
+        if follows > snapshot_seq {
+            damaged.push(format!(
+                "{} follows snapshot {follows}, and the newest readable snapshot is {}",
+                log_path.display(),
+                if snapshot_seq == 0 && !has_snapshot {
+                    "none".to_string()
+                } else {
+                    snapshot_seq.to_string()
+                }
+            ));
+        }
+        for (tag, mark) in log.entries {
             raise(&mut marks, &tag, mark);
         }
         Ok(Opened {
             journal: Journal {
                 path,
                 files: None,
-                generation: header.unwrap_or(0),
-                read_to,
+                generation: follows,
+                read_to: log.end,
                 snapshot_bytes,
                 snapshot_seq,
                 compact_at_least: COMPACT_AT_LEAST,
             },
             marks,
             unreadable,
+            damaged,
         })
     }
 
@@ -278,11 +385,11 @@ impl Journal {
         let mut bytes = vec![0u8; self.read_to as usize];
         log.read_exact_at(&mut bytes, 0)
             .map_err(|e| self.fail(".log", e))?;
-        for (tag, mark) in parse_log(&bytes, 0)
-            .1
-            .into_iter()
-            .chain(others.iter().cloned())
-        {
+        let log = parse_log(&bytes, true);
+        if let Some(damage) = log.damage {
+            return Err(self.fail(".log", damage));
+        }
+        for (tag, mark) in log.entries.into_iter().chain(others.iter().cloned()) {
             raise(&mut marks, &tag, mark);
         }
         let (on_disk, _) = read_newest(&self.path)?;
@@ -328,19 +435,26 @@ impl Journal {
         let n = log
             .read_at(&mut first, 0)
             .map_err(|e| self.fail(".log", e))?;
-        let header = parse_log(&first[..n], 0).0.unwrap_or(0);
+        let header = parse_log(&first[..n], true).header.unwrap_or(0);
         if header == self.generation && len >= self.read_to {
             let mut bytes = vec![0u8; (len - self.read_to) as usize];
             log.read_exact_at(&mut bytes, self.read_to)
                 .map_err(|e| self.fail(".log", e))?;
-            let (_, entries, end) = parse_log(&bytes, 0);
-            self.read_to += end;
-            return Ok(entries);
+            let read = parse_log(&bytes, self.read_to == 0);
+            if let Some(damage) = read.damage {
+                return Err(self.fail(".log", damage));
+            }
+            self.read_to += read.end;
+            return Ok(read.entries);
         }
         let mut bytes = vec![0u8; len as usize];
         log.read_exact_at(&mut bytes, 0)
             .map_err(|e| self.fail(".log", e))?;
-        let (header, mut entries, end) = parse_log(&bytes, 0);
+        let read = parse_log(&bytes, true);
+        if let Some(damage) = read.damage {
+            return Err(self.fail(".log", damage));
+        }
+        let (header, mut entries, end) = (read.header, read.entries, read.end);
         let (newest, _) = read_newest(&self.path)?;
         if let Some(snapshot) = newest {
             self.snapshot_seq = snapshot.seq;

@@ -62,14 +62,21 @@ impl SegmentMarks {
     /// error naming the files and what to do, unless `discard_unreadable` (the operator's
     /// explicit choice) says to start without them. One slot alone that cannot be read is the
     /// first snapshot ever, torn by a crash: the log it was compacted from still holds its marks.
+    /// A log with a line that does not parse, a last line no torn write leaves, or a header
+    /// naming a snapshot newer than any readable one is damaged and refused the same way (with
+    /// `discard_unreadable`, the marks before the damage are kept).
     pub fn open(
         path: impl Into<PathBuf>,
         discard_unreadable: bool,
     ) -> Result<Arc<SegmentMarks>, StoreError> {
         let path = path.into();
         let opened = Journal::open(path.clone()).map_err(StoreError::Unavailable)?;
+        let mut lost = opened.damaged.clone();
         if opened.unreadable.len() == 2 {
-            let files = opened.unreadable.join("; ");
+            lost.extend(opened.unreadable.iter().cloned());
+        }
+        if !lost.is_empty() {
+            let files = lost.join("; ");
             if !discard_unreadable {
                 return Err(StoreError::MarksUnreadable(format!(
                     "segment marks unreadable ({files}): this node no longer knows the highest IDs it served. \
@@ -548,7 +555,14 @@ mod tests {
         // tear it, and put those marks back in the log.
         let before = std::fs::read(slot(&path, newest.seq)).unwrap();
         std::fs::write(slot(&path, newest.seq), &before[..before.len() / 2]).unwrap();
-        let mut log = std::fs::read(log_of(&path)).unwrap();
+        // The log still follows the snapshot before (its header is rewritten after the slot).
+        let log = std::fs::read(log_of(&path)).unwrap();
+        let first_line = log.iter().position(|&b| b == b'\n').unwrap() + 1;
+        let mut log = [
+            format!("{{\"after\":{}}}\n", newest.seq - 1).as_bytes(),
+            &log[first_line..],
+        ]
+        .concat();
         for (tag, mark) in &newest.marks {
             log.extend_from_slice(format!("[\"{tag}\",{mark}]\n").as_bytes());
         }
@@ -580,6 +594,72 @@ mod tests {
             Some(600),
             "the log's marks are still read"
         );
+    }
+
+    /// A log damaged from its first byte, or with a complete line that does not parse, or
+    /// whose header names a lost snapshot, is refused like unreadable slots: it is no torn
+    /// write, and reading it as "no marks" would serve what the node already served.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_damaged_log_is_refused_unless_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment-marks.json");
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        marks.record("order", 500).await.unwrap();
+        drop(marks);
+        let good = std::fs::read(log_of(&path)).unwrap();
+        let damaged: [&[u8]; 8] = [
+            b"garbage",
+            b"[\"t\",12x]\n",
+            b"\n",
+            b"{\"after\":0}\n{\"after\":0}\n",
+            b"[\"t\",12]garbage",
+            b"[\"t\" 12",
+            b"\xff\xfe",
+            b"{\"seq\":",
+        ];
+        for bytes in damaged {
+            std::fs::write(log_of(&path), bytes).unwrap();
+            let text = SegmentMarks::open(&path, false)
+                .err()
+                .unwrap_or_else(|| panic!("{:?} accepted", String::from_utf8_lossy(bytes)))
+                .to_string();
+            assert!(text.contains("segment-marks.json.log"), "{text}");
+            assert!(text.contains("storage.discard_unreadable_marks"), "{text}");
+        }
+        // A good line, then a damaged one: refused; with the operator's choice, the good one
+        // is kept.
+        let mut log = good.clone();
+        log.extend_from_slice(b"[\"order\",9x]\n[\"pay\",5]\n");
+        std::fs::write(log_of(&path), &log).unwrap();
+        assert!(SegmentMarks::open(&path, false).is_err());
+        let discarded = SegmentMarks::open(&path, true).unwrap();
+        assert_eq!(
+            (discarded.get("order"), discarded.get("pay")),
+            (Some(500), None)
+        );
+        // Torn writes stay what they were: a prefix of a line, or zeros a crash left.
+        let torn: [&[u8]; 6] = [
+            b"",
+            b"[",
+            b"[\"or",
+            b"[\"order\",60",
+            b"[\"order\",600]",
+            b"[\"order\"\0\0\0\0",
+        ];
+        for tail in torn {
+            let mut log = good.clone();
+            log.extend_from_slice(tail);
+            std::fs::write(log_of(&path), &log).unwrap();
+            let opened = SegmentMarks::open(&path, false)
+                .unwrap_or_else(|e| panic!("{:?}: {e}", String::from_utf8_lossy(tail)));
+            assert_eq!(opened.get("order"), Some(500));
+        }
+        std::fs::write(log_of(&path), b"\0\0\0\0").unwrap();
+        assert_eq!(SegmentMarks::open(&path, false).unwrap().get("order"), None);
+        // A header naming a snapshot no slot holds: the newest snapshot was lost.
+        std::fs::write(log_of(&path), b"{\"after\":3}\n").unwrap();
+        let text = SegmentMarks::open(&path, false).err().unwrap().to_string();
+        assert!(text.contains("follows snapshot 3"), "{text}");
     }
 
     #[tokio::test(flavor = "current_thread")]
