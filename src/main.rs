@@ -180,7 +180,21 @@ async fn main() -> anyhow::Result<()> {
         );
         std::env::remove_var("LEAFD_PORT");
     }
-    let cli = Cli::parse();
+    // A bad flag is a fatal error like any other: one `leafd: ` line, status 1 (help and
+    // version are printed whole, status 0).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            fail(&format!("{first} (leafd --help lists the flags)"))
+        }
+    };
     // One line naming the file, the line and what is allowed; no error chain, no backtrace.
     let config = match cli.load_config() {
         Ok(config) => config,

@@ -98,3 +98,73 @@ fn a_restored_backup_is_refused_until_the_tag_is_moved_forward() {
     );
     node.stop();
 }
+
+/// The binary on the SQLite database in `dir`, expected to refuse to start: its stderr.
+fn refused_start(dir: &std::path::Path) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_leafd"))
+        .args([
+            "--bind",
+            &format!("127.0.0.1:{}", free_port()),
+            "--http-bind",
+            "127.0.0.1:0",
+        ])
+        .arg("--storage-url")
+        .arg(format!("sqlite://{}/leafd.db", dir.display()))
+        .stdout(std::process::Stdio::null())
+        .output()
+        .expect("leafd runs");
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "leafd started on damaged marks"
+    );
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A restore beside a marks log damaged from its first byte (or by one line that does not
+/// parse) is refused at start, never served from the marks left: the node had served IDs up to
+/// the INCRBY block and the 300 INCRs after it before it was killed.
+#[test]
+fn a_damaged_marks_log_is_refused_with_a_restored_database() {
+    for damage in [&b"garbage"[..], b"[\"t\",12x]\n", b"\n"] {
+        let dir = tempfile::tempdir().unwrap();
+        let backup = dir.path().join("backup");
+        let node = Node::start(dir.path());
+        assert_eq!(
+            node.call(&[b"LEAF.TAG", b"CREATE", b"t", b"100"])
+                .as_deref(),
+            Some("+OK")
+        );
+        for _ in 0..3 {
+            assert!(node
+                .call(&[b"INCR", b"segment:t"])
+                .unwrap()
+                .starts_with(':'));
+        }
+        node.stop();
+        copy_db(dir.path(), &backup);
+        let node = Node::start(dir.path());
+        let block = node.call(&[b"INCRBY", b"segment:t", b"1000"]).unwrap();
+        assert!(block.starts_with(':'), "{block}");
+        for _ in 0..300 {
+            assert!(node
+                .call(&[b"INCR", b"segment:t"])
+                .unwrap()
+                .starts_with(':'));
+        }
+        node.process.signal("-KILL");
+        node.process.wait();
+        copy_db(&backup, dir.path());
+        let log = dir.path().join("segment-marks.json.log");
+        assert!(log.exists(), "the killed node's marks are in the log");
+        std::fs::write(&log, damage).unwrap();
+        let refused = refused_start(dir.path());
+        assert!(
+            refused.starts_with("leafd: ")
+                && refused.contains("segment-marks.json.log")
+                && refused.contains("storage.discard_unreadable_marks"),
+            "{:?}: {refused}",
+            String::from_utf8_lossy(damage)
+        );
+    }
+}

@@ -49,7 +49,9 @@ pub(super) async fn start_snowflake(
     let coordinator: Box<dyn Coordinator> = match sf.coordinator {
         CoordinatorKind::Static => {
             let fence = FenceFile::new(sf.fence_path(&config.storage)).for_worker(sf.worker_id);
-            let mut beside_fence = fence.path().as_os_str().to_owned();
+            // Beside the file itself, whatever path the configuration gives to it.
+            let fence = crate::coord::static_id::resolve_file(fence.path())?;
+            let mut beside_fence = fence.as_os_str().to_owned();
             beside_fence.push(".lock");
             let in_state_dir = config
                 .storage

@@ -41,19 +41,22 @@ pub fn tags(args: &[&[u8]], ctx: &Arc<Context>) -> Reply {
         Ok(None) => return Reply::error("ERR invalid cursor"),
         Err(e) => return arg_error("leaf.tags", e),
     };
-    let mut count = 100;
+    let mut count = None;
     while cursor.remaining() > 0 {
         let option = cursor.next_bytes().unwrap_or_default().to_ascii_lowercase();
         if option != b"count" || cursor.remaining() == 0 {
             return Reply::error("ERR syntax error");
         }
+        if count.is_some() {
+            return Reply::error("ERR COUNT is given twice");
+        }
         match cursor.next_i64() {
-            Ok(n) if (1..=WHOLE_LIST_LIMIT as i64).contains(&n) => count = n as usize,
+            Ok(n) if (1..=WHOLE_LIST_LIMIT as i64).contains(&n) => count = Some(n as usize),
             Ok(_) => return Reply::error(format!("ERR COUNT must be 1 to {WHOLE_LIST_LIMIT}")),
             Err(e) => return arg_error("leaf.tags", e),
         }
     }
-    let (page, next) = ctx.segments.snapshot_page(&after, count);
+    let (page, next) = ctx.segments.snapshot_page(&after, count.unwrap_or(100));
     Reply::Array(vec![
         Reply::bulk(next),
         Reply::Array(page.into_iter().map(tag_map).collect()),

@@ -14,7 +14,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use http::HttpConfig;
-pub use segment::{OpaqueTag, Period, SegmentConfig, TagOrder, TagSeed};
+pub use segment::{
+    zone_names_a_place, OpaqueTag, Period, SegmentConfig, TagOrder, TagSeed, MAX_ID_DELTA,
+};
 pub use server::{ServerConfig, UserConfig};
 pub use snowflake::{CoordinatorKind, EtcdConfig, SnowflakeConfig, ZookeeperConfig};
 pub use storage::StorageConfig;

@@ -43,6 +43,16 @@ pub struct SegmentConfig {
     pub opaque: Vec<OpaqueTag>,
 }
 
+/// The widest split a cluster may hand out (`segment.id_delta`, `LEAF.TAG SPLIT`).
+pub const MAX_ID_DELTA: i64 = 1_000_000;
+
+/// False for the time zone names the zone database holds that name no place's calendar:
+/// `localtime` is whatever each host is set to, `posixrules` and `Factory` are the database's
+/// own. A period rule recorded in a row must mean one calendar on every host.
+pub fn zone_names_a_place(name: &str) -> bool {
+    !["localtime", "posixrules", "factory"].contains(&name.to_ascii_lowercase().as_str())
+}
+
 /// A tag whose IDs are opaque: every ID has exactly `digits` decimal digits, and neither the
 /// count nor the order of the IDs shows in them.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -250,7 +260,8 @@ impl SegmentConfig {
             return Ok(());
         };
         let what = format!("segment.tags '{}'", seed.tag);
-        if jiff::tz::TimeZone::get(&seed.time_zone).is_err() {
+        if jiff::tz::TimeZone::get(&seed.time_zone).is_err() || !zone_names_a_place(&seed.time_zone)
+        {
             return Err(format!(
                 "{what}: time_zone '{}' is not an IANA time zone (e.g. \"UTC\", \"Asia/Shanghai\")",
                 seed.time_zone
@@ -315,7 +326,7 @@ impl SegmentConfig {
 
 /// A delta of 1 to 1,000,000 and a remainder below it.
 fn check_interleave(what: &str, delta: i64, remainder: i64) -> Result<(), String> {
-    if !(1..=1_000_000).contains(&delta) || !(0..delta).contains(&remainder) {
+    if !(1..=MAX_ID_DELTA).contains(&delta) || !(0..delta).contains(&remainder) {
         return Err(format!(
             "{what}: the delta must be between 1 and 1000000 and the remainder between 0 and delta - 1 (got {delta} and {remainder})"
         ));

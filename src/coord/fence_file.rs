@@ -88,12 +88,20 @@ impl FenceFile {
     /// Makes `fence_ms` durable: write a temporary file, fsync it, rename it over the file,
     /// fsync the directory. Blocking: call from a blocking thread.
     pub fn store(&self, fence_ms: u64) -> Result<(), String> {
-        let dir = match self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        // Through a symbolic link, the file it names is replaced, not the link: every path
+        // that reached the fence still reaches it (and the lock beside it).
+        let target = match std::fs::symlink_metadata(&self.path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                std::fs::canonicalize(&self.path).map_err(|e| self.error(e))?
+            }
+            _ => self.path.clone(),
+        };
+        let dir = match target.parent().filter(|d| !d.as_os_str().is_empty()) {
             Some(dir) => dir.to_path_buf(),
             None => PathBuf::from("."),
         };
         std::fs::create_dir_all(&dir).map_err(|e| self.error(e))?;
-        let tmp = self.path.with_extension(format!(
+        let tmp = target.with_extension(format!(
             "tmp.{}.{}",
             std::process::id(),
             TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
@@ -107,7 +115,7 @@ impl FenceFile {
             let mut file = std::fs::File::create(&tmp)?;
             file.write_all(&json)?;
             file.sync_all()?;
-            std::fs::rename(&tmp, &self.path)?;
+            std::fs::rename(&tmp, &target)?;
             std::fs::File::open(&dir)?.sync_all()
         })();
         if written.is_err() {

@@ -38,6 +38,44 @@ impl HeldWorker for StaticWorker {
     async fn close(self: Box<Self>, _last_issued_ms: Option<u64>) {}
 }
 
+/// The path of the file `path` reaches, whatever path reached it: its directory's symlinks
+/// resolved, and the file's own when it is one, so that processes given one fence file by
+/// different paths take one lock beside it. A file with more than one hard link is refused: a
+/// fence is replaced by a rename, so the other names would keep an older fence while both
+/// processes issued with one worker id.
+pub fn resolve_file(path: &std::path::Path) -> Result<PathBuf, CoordError> {
+    let failed = |e: std::io::Error| CoordError::Fence(format!("{}: {e}", path.display()));
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => dir,
+        None => std::path::Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(failed)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| CoordError::Fence(format!("{}: not a file name", path.display())))?;
+    let mut file = std::fs::canonicalize(dir).map_err(failed)?.join(name);
+    if std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_symlink()) {
+        file = std::fs::canonicalize(&file).map_err(|e| {
+            CoordError::Fence(format!(
+                "{}: a symbolic link whose target cannot be resolved ({e})",
+                path.display()
+            ))
+        })?;
+    }
+    if let Ok(meta) = std::fs::metadata(&file) {
+        use std::os::unix::fs::MetadataExt;
+        if meta.nlink() > 1 {
+            return Err(CoordError::Fence(format!(
+                "{} has {} hard links: another path reaches this fence file, and a second process with the same worker id could issue the same IDs through it; remove the other links (find / -samefile {})",
+                file.display(),
+                meta.nlink(),
+                file.display()
+            )));
+        }
+    }
+    Ok(file)
+}
+
 impl StaticCoordinator {
     fn lock_all(&self) -> Result<Vec<std::fs::File>, CoordError> {
         self.lock_paths.iter().map(|path| self.lock(path)).collect()

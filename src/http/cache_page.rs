@@ -56,16 +56,31 @@ struct Page {
 }
 
 impl Page {
-    fn parse(query: Option<&str>) -> Page {
+    /// The query's cursor and count, bounded as `LEAF.TAGS` bounds COUNT (1 to
+    /// [`WHOLE_LIST_LIMIT`]); a count out of range, not a number, or given twice is refused.
+    fn parse(query: Option<&str>) -> Result<Page, String> {
         let mut page = Page::default();
         for pair in query.unwrap_or("").split('&') {
             match pair.split_once('=') {
-                Some(("cursor", v)) => page.cursor = Some(v.to_string()),
-                Some(("count", v)) => page.count = v.parse().ok(),
+                Some(("cursor", v)) => {
+                    if page.cursor.replace(v.to_string()).is_some() {
+                        return Err("cursor is given twice".into());
+                    }
+                }
+                Some(("count", v)) => {
+                    let count = v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=WHOLE_LIST_LIMIT).contains(n))
+                        .ok_or_else(|| format!("count must be 1 to {WHOLE_LIST_LIMIT}"))?;
+                    if page.count.replace(count).is_some() {
+                        return Err("count is given twice".into());
+                    }
+                }
                 _ => {}
             }
         }
-        page
+        Ok(page)
     }
 }
 
@@ -78,13 +93,16 @@ pub(super) async fn cache(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    let page = Page::parse(query.as_deref());
+    let page = match Page::parse(query.as_deref()) {
+        Ok(page) => page,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
     let paged = page.cursor.is_some() || ctx.segments.tag_count() > WHOLE_LIST_LIMIT;
     let (tags, next) = if paged {
         let Some(after) = TagCursor::parse(page.cursor.as_deref().unwrap_or("0").as_bytes()) else {
             return (StatusCode::BAD_REQUEST, "invalid cursor\n").into_response();
         };
-        let count = page.count.unwrap_or(1000).clamp(1, WHOLE_LIST_LIMIT);
+        let count = page.count.unwrap_or(1000);
         let (tags, next) = ctx.segments.snapshot_page(&after, count);
         (tags, Some(next))
     } else {

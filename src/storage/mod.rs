@@ -28,6 +28,9 @@ use async_trait::async_trait;
 
 use crate::config::StorageConfig;
 
+/// The bounds of a tag rule's values, the configuration's, for the rules admin commands and rows
+/// carry too.
+pub use crate::config::{zone_names_a_place, MAX_ID_DELTA};
 pub use batch::AllocationBatcher;
 pub use deferred::DeferredStore;
 pub use error::StoreError;

@@ -206,10 +206,13 @@ impl SegmentEngine {
         split: Interleave,
         start: i64,
     ) -> Result<i64, SegmentError> {
-        if split.delta < 1 || !(0..split.delta).contains(&split.remainder) {
-            return Err(SegmentError::Invalid(
-                "split needs delta >= 1 and 0 <= remainder < delta".into(),
-            ));
+        if !(1..=super::MAX_ID_DELTA).contains(&split.delta)
+            || !(0..split.delta).contains(&split.remainder)
+        {
+            return Err(SegmentError::Invalid(format!(
+                "split needs a delta between 1 and {} (as segment.id_delta) and 0 <= remainder < delta",
+                super::MAX_ID_DELTA
+            )));
         }
         if !(1..=MAX_TAG_START).contains(&start) {
             return Err(SegmentError::Invalid(format!(

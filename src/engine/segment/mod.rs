@@ -37,6 +37,8 @@ pub use tags::{validate_tag_name, MAX_TAG_LEN, MAX_TAG_START};
 use crate::clock::Clock;
 use crate::storage::{AllocationBatcher, SegmentMarks, SegmentStore, StoreError};
 
+pub use crate::storage::{zone_names_a_place, MAX_ID_DELTA};
+
 /// Errors a caller of the engine can get; the RESP and HTTP layers map them to replies.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SegmentError {

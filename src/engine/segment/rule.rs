@@ -68,9 +68,13 @@ impl TagRule {
         let calendar = Calendar::from_name(period)
             .ok_or_else(|| format!("PERIOD must be daily, monthly or yearly, not '{period}'"))?;
         let zone_name = time_zone.unwrap_or("UTC");
-        let zone = jiff::tz::TimeZone::get(zone_name).map_err(|_| {
-            format!("ZONE '{zone_name}' is not an IANA time zone (e.g. UTC, Asia/Shanghai)")
-        })?;
+        let zone = jiff::tz::TimeZone::get(zone_name)
+            .ok()
+            .filter(|_| super::zone_names_a_place(zone_name))
+            .ok_or(())
+            .map_err(|_| {
+                format!("ZONE '{zone_name}' is not an IANA time zone (e.g. UTC, Asia/Shanghai)")
+            })?;
         let digits = digits.unwrap_or(6);
         let most = calendar.max_sequence_digits();
         if !(1..=most).contains(&digits) {

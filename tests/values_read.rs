@@ -1,0 +1,348 @@
+//! Values a node reads and must not believe unchecked: a period row whose position is no date
+//! of its rule or a later period, a refused opaque node's marker, one fence file reached by two
+//! paths. Every case checks what was served and what the row holds after the refusal. SQLite
+//! always; MariaDB and PostgreSQL with LEAFD_TEST_MYSQL_URL / _POSTGRES_URL.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::backends::{raw, Backend};
+use common::{test_config, TestServer};
+use leafd::app::App;
+use leafd::clock::ManualClock;
+use leafd::config::{Config, CoordinatorKind, OpaqueTag, Period, TagSeed};
+
+/// 2026-12-07T12:00:00Z.
+const NOON_MS: u64 = 1_796_644_800_000;
+
+fn daily(tag: &str, digits: u32) -> TagSeed {
+    TagSeed {
+        period: Some(Period::Daily),
+        time_zone: "UTC".into(),
+        sequence_digits: digits,
+        ..TagSeed::new(tag, 10)
+    }
+}
+
+async fn node(config: Config) -> TestServer {
+    let clock = Arc::new(ManualClock::new(NOON_MS));
+    let app = App::open_with_clock(test_config(config), clock)
+        .await
+        .expect("leafd starts");
+    TestServer::serve_app(app).await
+}
+
+fn on(url: &str) -> Config {
+    let mut config = Config::default();
+    config.storage.url = url.to_string();
+    config.snowflake.enabled = false;
+    config
+}
+
+async fn send(
+    con: &mut redis::aio::MultiplexedConnection,
+    args: &[&str],
+) -> Result<String, String> {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query_async::<redis::Value>(con)
+        .await
+        .map(|v| match v {
+            redis::Value::Int(n) => n.to_string(),
+            redis::Value::Okay => "OK".into(),
+            other => format!("{other:?}"),
+        })
+        .map_err(|e| e.to_string())
+}
+
+async fn row_i64(url: &str, sql: &str) -> i64 {
+    raw(url, sql).await.expect("a row")
+}
+
+/// Rows a trend use, a hand edit or other digits left where no date is: the period node refuses
+/// each before anything moves (no ID, the row as it was, no rule recorded), and serves a
+/// tag whose row is at a date of today.
+async fn period_rows_that_are_no_date(url: &str) {
+    let plain = node(on(url)).await;
+    let mut admin = plain.client().await;
+    for (tag, start) in [
+        ("m13", "202613070000005"),
+        ("nextyear", "20271207000005"),
+        ("ninedigits", "202612070000002"),
+        ("good", "202612070000005"),
+    ] {
+        assert_eq!(
+            send(&mut admin, &["LEAF.TAG", "CREATE", tag, "10", start]).await,
+            Ok("OK".into())
+        );
+    }
+    let mut config = on(url);
+    config.segment.tags = vec![
+        daily("m13", 6),
+        daily("nextyear", 5),
+        daily("ninedigits", 4),
+        daily("good", 6),
+    ];
+    let period = node(config).await;
+    let mut con = period.client().await;
+    for (tag, position, why) in [
+        (
+            "m13",
+            202613070000005i64,
+            "reads as period 20261307, no date of a daily tag with 6 sequence digits",
+        ),
+        (
+            "nextyear",
+            20271207000005,
+            "reads as period 20271207, later than this node's period 20261207",
+        ),
+        (
+            "ninedigits",
+            202612070000002,
+            "reads as period 2026120700, no date of a daily tag with 4 sequence digits",
+        ),
+    ] {
+        for _ in 0..3 {
+            let refused = send(&mut con, &["INCR", &format!("segment:{tag}")])
+                .await
+                .unwrap_err();
+            assert!(
+                refused.contains(&format!(
+                    "IDs refused: the row's position {position} {why}; nothing was taken"
+                )),
+                "{tag}: {refused}"
+            );
+            assert!(refused.contains("LEAF.TAG CREATE"), "{refused}");
+        }
+        let refused = send(&mut con, &["INCRBY", &format!("segment:{tag}"), "5"]).await;
+        assert!(refused.is_err(), "{tag}: {refused:?}");
+        let sql = format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = '{tag}'");
+        assert_eq!(row_i64(url, &sql).await, position, "{tag}: the row moved");
+        let sql = format!("SELECT COUNT(*) FROM leaf_alloc WHERE biz_tag = '{tag}' AND split IS NULL AND opaque IS NULL");
+        assert_eq!(row_i64(url, &sql).await, 1, "{tag}: a rule was recorded");
+    }
+    // A row at a date of today serves from its position, dated today.
+    assert_eq!(
+        send(&mut con, &["INCR", "segment:good"]).await,
+        Ok("20261207000005".into())
+    );
+    assert_eq!(
+        send(&mut con, &["INCR", "segment:good"]).await,
+        Ok("20261207000006".into())
+    );
+    // A period tag is created without a start: its numbers start at 1 each period.
+    let refused = send(
+        &mut con,
+        &["LEAF.TAG", "CREATE", "p2", "10", "5", "PERIOD", "daily"],
+    )
+    .await;
+    assert!(refused.unwrap_err().contains("give no start"));
+    let mut config = on(url);
+    config.segment.tags = vec![daily("dated", 6)];
+    let dated = node(config).await;
+    let mut dcon = dated.client().await;
+    let refused = send(
+        &mut dcon,
+        &["LEAF.TAG", "CREATE", "dated2", "10", "PERIOD", "daily"],
+    )
+    .await;
+    assert_eq!(refused, Ok("OK".into()));
+    assert_eq!(
+        send(&mut dcon, &["INCR", "segment:dated2"]).await,
+        Ok("20261207000001".into())
+    );
+    dated.stop().await;
+    period.stop().await;
+    plain.stop().await;
+}
+
+/// A node that lists a strict and a period tag as opaque is refused for both and writes nothing
+/// to their rows; the nodes that serve them as their rows record go on, and so does a new one.
+async fn a_refused_opaque_node_writes_nothing(url: &str) {
+    let plain = node(on(url)).await;
+    let mut admin = plain.client().await;
+    for args in [
+        ["LEAF.TAG", "CREATE", "s1", "10", "ORDER", "strict"],
+        ["LEAF.TAG", "CREATE", "p1", "10", "PERIOD", "daily"],
+    ] {
+        assert_eq!(send(&mut admin, &args).await, Ok("OK".into()));
+    }
+    assert_eq!(
+        send(&mut admin, &["INCR", "segment:s1"]).await,
+        Ok("1".into())
+    );
+    let mut config = on(url);
+    config.segment.opaque_key = "a key of at least sixteen characters".into();
+    for tag in ["s1", "p1"] {
+        config.segment.opaque.push(OpaqueTag {
+            tag: tag.into(),
+            digits: 10,
+        });
+    }
+    let opaque = node(config).await;
+    let mut ocon = opaque.client().await;
+    for (tag, recorded) in [("s1", "order:strict"), ("p1", "period:daily:6")] {
+        let refused = send(&mut ocon, &["INCR", &format!("segment:{tag}")])
+            .await
+            .unwrap_err();
+        assert!(
+            refused.contains(&format!(
+                "opaque IDs refused: tag '{tag}' records {recorded}"
+            )),
+            "{refused}"
+        );
+        let sql =
+            format!("SELECT COUNT(*) FROM leaf_alloc WHERE biz_tag = '{tag}' AND opaque IS NULL");
+        assert_eq!(row_i64(url, &sql).await, 1, "{tag}: a marker was written");
+    }
+    assert_eq!(
+        send(&mut admin, &["INCR", "segment:s1"]).await,
+        Ok("2".into())
+    );
+    assert_eq!(
+        send(&mut admin, &["INCR", "segment:p1"]).await,
+        Ok("20261207000001".into())
+    );
+    let fresh = node(on(url)).await;
+    let mut fcon = fresh.client().await;
+    assert_eq!(
+        send(&mut fcon, &["INCR", "segment:s1"]).await,
+        Ok("3".into())
+    );
+    assert_eq!(
+        send(&mut fcon, &["INCR", "segment:p1"]).await,
+        Ok("20261207000002".into())
+    );
+    fresh.stop().await;
+    opaque.stop().await;
+    plain.stop().await;
+}
+
+fn sqlite_url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite://{}", dir.path().join("l.db").display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_period_rows_that_are_no_date() {
+    let dir = tempfile::tempdir().unwrap();
+    period_rows_that_are_no_date(&sqlite_url(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_period_rows_that_are_no_date() {
+    let Some(url) = Backend::MySql
+        .fresh_database("mysql_period_rows_that_are_no_date")
+        .await
+    else {
+        return;
+    };
+    period_rows_that_are_no_date(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_period_rows_that_are_no_date() {
+    let test = "postgres_period_rows_that_are_no_date";
+    let Some(url) = Backend::Postgres.fresh_database(test).await else {
+        return;
+    };
+    period_rows_that_are_no_date(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_refused_opaque_node_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    a_refused_opaque_node_writes_nothing(&sqlite_url(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_refused_opaque_node_writes_nothing() {
+    let test = "mysql_a_refused_opaque_node_writes_nothing";
+    let Some(url) = Backend::MySql.fresh_database(test).await else {
+        return;
+    };
+    a_refused_opaque_node_writes_nothing(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_refused_opaque_node_writes_nothing() {
+    let test = "postgres_a_refused_opaque_node_writes_nothing";
+    let Some(url) = Backend::Postgres.fresh_database(test).await else {
+        return;
+    };
+    a_refused_opaque_node_writes_nothing(&url).await;
+}
+
+/// A static node with worker id 5 on `fence_file`, with its own state directory.
+fn static_node(dir: &std::path::Path, state: &str, fence_file: &std::path::Path) -> Config {
+    let mut config = Config::default();
+    config.storage.url = format!("sqlite://{}", dir.join(format!("{state}.db")).display());
+    config.storage.state_dir = dir.join(state).display().to_string();
+    config.snowflake.coordinator = CoordinatorKind::Static;
+    config.snowflake.worker_id = 5;
+    config.snowflake.fence_file = fence_file.display().to_string();
+    config
+}
+
+/// Two processes with worker id 5 and their own state directories, given one fence file by two
+/// paths (a symbolic link to the file, a symbolic link to its directory, a hard link): the
+/// second is refused, whichever path it was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_fence_file_by_two_paths_is_one_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("x");
+    std::fs::create_dir_all(&real).unwrap();
+    let fence = real.join("fence.json");
+    let first = TestServer::start(static_node(dir.path(), "s1", &fence)).await;
+    let mut con = first.client().await;
+    let id: i64 = redis::cmd("SNOWFLAKE").query_async(&mut con).await.unwrap();
+    assert!(id > 0);
+    // The worker's fence file exists now: reach it by other paths.
+    let worker_file = real.join("fence-w5.json");
+    assert!(worker_file.exists());
+    let other = dir.path().join("y");
+    std::fs::create_dir_all(&other).unwrap();
+    std::os::unix::fs::symlink(&worker_file, other.join("link-w5.json")).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join("xlink")).unwrap();
+    for (state, path) in [
+        ("s2", other.join("link.json")),
+        ("s3", dir.path().join("xlink").join("fence.json")),
+    ] {
+        let refused = App::open(test_config(static_node(dir.path(), state, &path)))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{} accepted", path.display()))
+            .to_string();
+        assert!(
+            refused.contains("worker id 5 is in use by another process"),
+            "{}: {refused}",
+            path.display()
+        );
+    }
+    first.stop().await;
+    // A hard link: refused while it exists (a rename of the fence would part the two names),
+    // for either name.
+    std::fs::hard_link(&worker_file, other.join("hard-w5.json")).unwrap();
+    for path in [other.join("hard.json"), fence.clone()] {
+        let refused = App::open(test_config(static_node(dir.path(), "s4", &path)))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{} accepted", path.display()))
+            .to_string();
+        assert!(refused.contains("has 2 hard links"), "{refused}");
+    }
+    std::fs::remove_file(other.join("hard-w5.json")).unwrap();
+    // Through the symbolic link alone, the fence is written to the file it names: the link
+    // stays a link.
+    let linked = TestServer::start(static_node(dir.path(), "s5", &other.join("link.json"))).await;
+    let mut con = linked.client().await;
+    let later: i64 = redis::cmd("SNOWFLAKE").query_async(&mut con).await.unwrap();
+    assert!(later > id);
+    linked.stop().await;
+    assert!(std::fs::symlink_metadata(other.join("link-w5.json"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
