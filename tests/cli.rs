@@ -188,3 +188,32 @@ fn start_errors_are_one_line_on_stderr_naming_their_cause() {
         )
     );
 }
+
+/// A bad flag or flag value is a fatal error like the others: one `leafd: ` line, status 1;
+/// `--help` and `--version` still print whole with status 0.
+#[test]
+fn a_bad_flag_is_one_line_with_status_1() {
+    for args in [
+        &["--idle-timeout-secs", "x"][..],
+        &["--no-such-flag"],
+        &["frobnicate"],
+    ] {
+        let (code, out, err) = leafd(args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("leafd: "), "{args:?}: {err}");
+        assert!(err.contains("leafd --help"), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+    }
+    let (code, _, err) = leafd(&["--idle-timeout-secs", "x"]);
+    assert!(
+        err.contains("'x'") && err.contains("--idle-timeout-secs"),
+        "{code}: {err}"
+    );
+    let (code, out, _) = leafd(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Usage"), "{out}");
+    let (code, out, _) = leafd(&["--version"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("leafd "), "{out}");
+}

@@ -346,3 +346,79 @@ async fn one_fence_file_by_two_paths_is_one_lock() {
         .file_type()
         .is_symlink());
 }
+
+/// Admin arguments and HTTP parameters outside what the configuration allows are refused, as
+/// their RESP twins are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_outside_what_config_allows_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = node(on(&sqlite_url(&dir))).await;
+    let mut con = server.client().await;
+    assert_eq!(
+        send(&mut con, &["LEAF.TAG", "CREATE", "t", "10"]).await,
+        Ok("OK".into())
+    );
+    let refused = send(
+        &mut con,
+        &["LEAF.TAG", "SPLIT", "t", "4611686018427387904", "1", "5"],
+    )
+    .await;
+    assert!(
+        refused
+            .unwrap_err()
+            .contains("split needs a delta between 1 and 1000000"),
+        "SPLIT"
+    );
+    assert_eq!(
+        send(&mut con, &["LEAF.TAG", "SPLIT", "t", "1000000", "1", "5"]).await,
+        Ok("5".into())
+    );
+    for zone in ["localtime", "Factory", "posixrules"] {
+        let refused = send(
+            &mut con,
+            &[
+                "LEAF.TAG", "CREATE", "z", "10", "PERIOD", "daily", "ZONE", zone,
+            ],
+        )
+        .await;
+        assert!(
+            refused
+                .unwrap_err()
+                .contains(&format!("ZONE '{zone}' is not an IANA time zone")),
+            "{zone}"
+        );
+    }
+    let refused = send(&mut con, &["LEAF.TAGS", "0", "COUNT", "5", "COUNT", "6"]).await;
+    assert!(refused.unwrap_err().contains("COUNT is given twice"));
+    for query in [
+        "count=-1",
+        "count=1000000000",
+        "count=0",
+        "count=x",
+        "count=5&count=6",
+    ] {
+        let response = common::http_get(server.http_url(&format!("/cache?cursor=0&{query}")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{query}");
+    }
+    let response = common::http_get(server.http_url("/cache?cursor=0&count=10000"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    server.stop().await;
+    let mut config = on(&sqlite_url(&dir));
+    config.segment.tags = vec![TagSeed {
+        time_zone: "localtime".into(),
+        ..daily("d", 6)
+    }];
+    let refused = App::open(test_config(config))
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        refused.contains("time_zone 'localtime' is not an IANA time zone"),
+        "{refused}"
+    );
+}
