@@ -305,7 +305,7 @@ async fn segment_requests_refused_by_the_tag_kind_or_its_row() {
         one_line(&mut raw, &[b"INCR", b"segment:trend"]).await,
         "-UNAVAILABLE segment for 'trend' exhausted and IDs refused: tag 'trend' records strict order (order:strict) and this node serves it in trend order, whose buffered IDs would come back out of order; configure order = \"strict\" for the tag on this node\r\n"
     );
-    // An opaque tag cannot be configured strict: its refusal says to clear the record.
+    // An opaque tag cannot be configured strict: refused before its key is claimed.
     sqlite_execute(
         &url,
         "UPDATE leaf_alloc SET split = 'order:strict' WHERE biz_tag = 'invoices'",
@@ -313,7 +313,7 @@ async fn segment_requests_refused_by_the_tag_kind_or_its_row() {
     .await;
     assert_eq!(
         one_line(&mut raw, &[b"INCR", b"segment:invoices"]).await,
-        "-UNAVAILABLE segment for 'invoices' exhausted and IDs refused: tag 'invoices' records strict order (order:strict) and this node serves it in trend order, whose buffered IDs would come back out of order; opaque IDs are served in trend order only: once no node serves the tag strict, clear the record (UPDATE leaf_alloc SET split = NULL WHERE biz_tag = 'invoices'), or give the strict use a tag of its own\r\n"
+        "-UNAVAILABLE segment for 'invoices' exhausted and opaque IDs refused: tag 'invoices' records order:strict, and opaque IDs are served in trend order only; nothing was written to its row: serve the tag as its row records it, or give the opaque use a tag of its own\r\n"
     );
     let refused = one_line(&mut raw, &[b"INCR", b"segment:receipts"]).await;
     assert!(

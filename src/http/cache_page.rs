@@ -62,10 +62,9 @@ impl Page {
         let mut page = Page::default();
         for pair in query.unwrap_or("").split('&') {
             match pair.split_once('=') {
-                Some(("cursor", v)) => {
-                    if page.cursor.replace(v.to_string()).is_some() {
-                        return Err("cursor is given twice".into());
-                    }
+                // The guard keeps the cursor; it is true only for a second one.
+                Some(("cursor", v)) if page.cursor.replace(v.to_string()).is_some() => {
+                    return Err("cursor is given twice".into());
                 }
                 Some(("count", v)) => {
                     let count = v
