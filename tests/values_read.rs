@@ -184,7 +184,7 @@ async fn a_refused_opaque_node_writes_nothing(url: &str) {
     }
     let opaque = node(config).await;
     let mut ocon = opaque.client().await;
-    for (tag, recorded) in [("s1", "order:strict"), ("p1", "period:daily:6")] {
+    for (tag, recorded) in [("s1", "order:strict"), ("p1", "period:daily:6:UTC:")] {
         let refused = send(&mut ocon, &["INCR", &format!("segment:{tag}")])
             .await
             .unwrap_err();
