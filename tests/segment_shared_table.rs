@@ -311,7 +311,7 @@ async fn a_split_only_narrows_until_an_operator_moves_it(url: &str) {
         .unwrap_err()
         .to_string();
     assert!(
-        bad.contains("split needs delta >= 1 and 0 <= remainder < delta"),
+        bad.contains("split needs a delta between 1 and 1000000 (as segment.id_delta) and 0 <= remainder < delta"),
         "{bad}"
     );
     for server in [wide, narrow, other] {

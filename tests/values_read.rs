@@ -62,6 +62,16 @@ async fn row_i64(url: &str, sql: &str) -> i64 {
     raw(url, sql).await.expect("a row")
 }
 
+/// The tag's row is at `position` and records no rule and no opaque key.
+async fn check_unmoved(url: &str, tag: &str, position: i64) {
+    let sql = format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = '{tag}'");
+    assert_eq!(row_i64(url, &sql).await, position, "{tag}: the row moved");
+    let sql = format!(
+        "SELECT COUNT(*) FROM leaf_alloc WHERE biz_tag = '{tag}' AND split IS NULL AND opaque IS NULL"
+    );
+    assert_eq!(row_i64(url, &sql).await, 1, "{tag}: a rule was recorded");
+}
+
 /// Rows a trend use, a hand edit or other digits left where no date is: the period node refuses
 /// each before anything moves (no ID, the row as it was, no rule recorded), and serves a
 /// tag whose row is at a date of today.
@@ -73,18 +83,35 @@ async fn period_rows_that_are_no_date(url: &str) {
         ("nextyear", "20271207000005"),
         ("ninedigits", "202612070000002"),
         ("good", "202612070000005"),
+        ("rep", "20261207000001"),
+        ("yr", "2026000001"),
     ] {
         assert_eq!(
             send(&mut admin, &["LEAF.TAG", "CREATE", tag, "10", start]).await,
             Ok("OK".into())
         );
     }
+    // Trend IDs that are also IDs of today's period (daily) and of this year's (yearly).
+    for tag in ["rep", "yr"] {
+        for _ in 0..3 {
+            send(&mut admin, &["INCR", &format!("segment:{tag}")])
+                .await
+                .unwrap();
+        }
+    }
+    plain.stop().await;
+    let plain = node(on(url)).await;
     let mut config = on(url);
     config.segment.tags = vec![
         daily("m13", 6),
         daily("nextyear", 5),
         daily("ninedigits", 4),
         daily("good", 6),
+        daily("rep", 6),
+        TagSeed {
+            period: Some(Period::Yearly),
+            ..daily("yr", 6)
+        },
     ];
     let period = node(config).await;
     let mut con = period.client().await;
@@ -119,10 +146,29 @@ async fn period_rows_that_are_no_date(url: &str) {
         }
         let refused = send(&mut con, &["INCRBY", &format!("segment:{tag}"), "5"]).await;
         assert!(refused.is_err(), "{tag}: {refused:?}");
+        check_unmoved(url, tag, position).await;
+    }
+    // Trend IDs served in today's numbers: refused, not raised over.
+    for (tag, why) in [
+        (
+            "rep",
+            "is above period 20261207's first ID 20261207000001 and the row records no period rule",
+        ),
+        (
+            "yr",
+            "is above period 2026's first ID 2026000001 and the row records no period rule",
+        ),
+    ] {
         let sql = format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = '{tag}'");
-        assert_eq!(row_i64(url, &sql).await, position, "{tag}: the row moved");
-        let sql = format!("SELECT COUNT(*) FROM leaf_alloc WHERE biz_tag = '{tag}' AND split IS NULL AND opaque IS NULL");
-        assert_eq!(row_i64(url, &sql).await, 1, "{tag}: a rule was recorded");
+        let position = row_i64(url, &sql).await;
+        let refused = send(&mut con, &["INCR", &format!("segment:{tag}")])
+            .await
+            .unwrap_err();
+        assert!(
+            refused.contains(&format!("IDs refused: the row's position {position} {why}")),
+            "{tag}: {refused}"
+        );
+        check_unmoved(url, tag, position).await;
     }
     // A row at a date of today serves from its position, dated today.
     assert_eq!(
@@ -418,4 +464,31 @@ async fn arguments_outside_what_config_allows_are_refused() {
         refused.contains("time_zone 'localtime' is not an IANA time zone"),
         "{refused}"
     );
+}
+
+/// A configured fence path that is a symbolic link to another node's configured path (dangling
+/// until that node's first fence, as a fence path normally is): one lock, the second refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_path_that_is_a_link_is_the_file_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    let other = dir.path().join("o1");
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::create_dir_all(&other).unwrap();
+    std::os::unix::fs::symlink(real.join("fence.json"), other.join("fence.json")).unwrap();
+    let first = TestServer::start(static_node(dir.path(), "s1", &real.join("fence.json"))).await;
+    let refused = App::open(test_config(static_node(
+        dir.path(),
+        "s2",
+        &other.join("fence.json"),
+    )))
+    .await
+    .err()
+    .expect("the second node is refused")
+    .to_string();
+    assert!(
+        refused.contains("worker id 5 is in use by another process"),
+        "{refused}"
+    );
+    first.stop().await;
 }

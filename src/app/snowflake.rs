@@ -46,9 +46,12 @@ pub(super) async fn start_snowflake(
         return Ok(StartedSnowflake::default());
     }
     let layout = snowflake_layout(sf);
+    // A configured fence path that is a symbolic link (dangling until the first fence) stands
+    // for the file it names: the worker's file and its lock are derived from that.
+    let fence_base = crate::coord::static_id::follow_link(&sf.fence_path(&config.storage));
     let coordinator: Box<dyn Coordinator> = match sf.coordinator {
         CoordinatorKind::Static => {
-            let fence = FenceFile::new(sf.fence_path(&config.storage)).for_worker(sf.worker_id);
+            let fence = FenceFile::new(&fence_base).for_worker(sf.worker_id);
             // Beside the file itself, whatever path the configuration gives to it.
             let fence = crate::coord::static_id::resolve_file(fence.path())?;
             let mut beside_fence = fence.as_os_str().to_owned();
@@ -120,7 +123,7 @@ pub(super) async fn start_snowflake(
         window_ms: sf.fence_window_ms,
         max_start_wait_ms: sf.max_start_wait_ms,
     };
-    let fence_file = FenceFile::new(sf.fence_path(&config.storage));
+    let fence_file = FenceFile::new(fence_base);
     let worker = coord::start(
         coordinator.as_ref(),
         &layout,

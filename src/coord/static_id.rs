@@ -38,6 +38,24 @@ impl HeldWorker for StaticWorker {
     async fn close(self: Box<Self>, _last_issued_ms: Option<u64>) {}
 }
 
+/// The path a symbolic link at `path` names (relative to the link's directory), followed
+/// while it is one (at most 40 times, as the kernel); `path` itself when it is no link.
+pub fn follow_link(path: &std::path::Path) -> PathBuf {
+    let mut at = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::read_link(&at) {
+            Ok(target) => {
+                at = match at.parent() {
+                    Some(dir) => dir.join(target),
+                    None => target,
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    at
+}
+
 /// The path of the file `path` reaches, whatever path reached it: its directory's symlinks
 /// resolved, and the file's own when it is one, so that processes given one fence file by
 /// different paths take one lock beside it. A file with more than one hard link is refused: a

@@ -174,6 +174,22 @@ impl PeriodRule {
         ))
     }
 
+    /// Why a row that records no period rule (served in trend order until now, if at all) may
+    /// not be raised into the period the clock is in: its position is above that period's
+    /// first ID, so trend IDs it served may be IDs of the period (`None`: it may be raised). A
+    /// position already in the period (a raise whose rule record was cut short) may.
+    pub fn refuse_unrecorded(&self, position: i64, now_ms: u64) -> Option<String> {
+        let now = self.period_at(now_ms);
+        let first_id = now * self.scale() + 1;
+        if position <= first_id || self.period_of(position) >= now {
+            return None;
+        }
+        Some(format!(
+            "IDs refused: the row's position {position} is above period {now}'s first ID {first_id} and the row records no period rule, so it may have served those numbers as trend IDs; nothing was taken. Serve the period from a new tag (LEAF.TAG CREATE <tag> <step> PERIOD {})",
+            self.calendar.name()
+        ))
+    }
+
     /// What the tag's row records of this rule (in its `split` column, which a period tag does
     /// not otherwise use): the calendar and the digits, the two that decide which ID a row
     /// position is. The time zone only moves period boundaries, so it may change.

@@ -261,6 +261,32 @@ impl SegmentEngine {
         if rule.period_of(known) >= now {
             return self.check_position(buffer, rule, known, now_ms);
         }
+        // The row as it is before the raise moves it: at or past this period, its position must
+        // be a date of the rule; below it, a row that records no period (a trend tag until now)
+        // must not have served trend IDs that are numbers of this period. A row recording
+        // another period rule is refused by the raise itself.
+        let row = match self.store.row(&buffer.name).await {
+            Ok(row) => row,
+            Err(e) => return Err(self.failure_error(&buffer.name, LoadFailure::from_store(&e))),
+        };
+        if let Some(row) = row {
+            let record = row
+                .split
+                .as_deref()
+                .filter(|r| r.starts_with(super::period::PERIOD_MARKER));
+            let other_rule = record.is_some_and(|r| !super::period::same_rule(r, &rule.marker()));
+            if !other_rule && rule.period_of(row.max_id) >= now {
+                self.check_position(buffer, rule, row.max_id, now_ms)?;
+            } else if let Some(reason) = (record.is_none())
+                .then(|| rule.refuse_unrecorded(row.max_id, now_ms))
+                .flatten()
+            {
+                tracing::warn!(tag = %buffer.name, position = row.max_id, "{reason}");
+                return Err(
+                    self.failure_error(&buffer.name, LoadFailure::Unavailable(reason.into()))
+                );
+            }
+        }
         let floor = rule.first_position(now);
         let marker = rule.marker();
         let raised =

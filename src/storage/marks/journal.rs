@@ -121,7 +121,10 @@ pub(super) fn parse_log(bytes: &[u8], at_start: bool) -> LogRead {
         read.end = at as u64;
     }
     let tail = &bytes[at..];
-    if !torn_write(tail) {
+    // Zeros where the file's first line belongs are no torn append: that line was written
+    // and synced before (a header, or marks whose ranges were served).
+    let zeros_first = at == 0 && at_start && !tail.is_empty() && tail.iter().all(|&b| b == 0);
+    if zeros_first || !torn_write(tail) {
         read.damage = Some(format!(
             "its last {} bytes (at byte {at}) are no line leafd writes",
             tail.len()
