@@ -99,6 +99,7 @@ async fn period_rows_that_are_no_date(url: &str) {
                 .unwrap();
         }
     }
+    // Stopped, so no background load of its own moves those rows while they are checked.
     plain.stop().await;
     let plain = node(on(url)).await;
     let mut config = on(url);
@@ -321,6 +322,14 @@ async fn postgres_a_refused_opaque_node_writes_nothing() {
     a_refused_opaque_node_writes_nothing(&url).await;
 }
 
+/// Why a node on `config` refuses to start (the test fails if it starts).
+async fn refused_start(config: Config) -> String {
+    match App::open(test_config(config)).await {
+        Ok(_) => panic!("the node started"),
+        Err(e) => e.to_string(),
+    }
+}
+
 /// A static node with worker id 5 on `fence_file`, with its own state directory.
 fn static_node(dir: &std::path::Path, state: &str, fence_file: &std::path::Path) -> Config {
     let mut config = Config::default();
@@ -356,11 +365,7 @@ async fn one_fence_file_by_two_paths_is_one_lock() {
         ("s2", other.join("link.json")),
         ("s3", dir.path().join("xlink").join("fence.json")),
     ] {
-        let refused = App::open(test_config(static_node(dir.path(), state, &path)))
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("{} accepted", path.display()))
-            .to_string();
+        let refused = refused_start(static_node(dir.path(), state, &path)).await;
         assert!(
             refused.contains("worker id 5 is in use by another process"),
             "{}: {refused}",
@@ -372,11 +377,7 @@ async fn one_fence_file_by_two_paths_is_one_lock() {
     // for either name.
     std::fs::hard_link(&worker_file, other.join("hard-w5.json")).unwrap();
     for path in [other.join("hard.json"), fence.clone()] {
-        let refused = App::open(test_config(static_node(dir.path(), "s4", &path)))
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("{} accepted", path.display()))
-            .to_string();
+        let refused = refused_start(static_node(dir.path(), "s4", &path)).await;
         assert!(refused.contains("has 2 hard links"), "{refused}");
     }
     std::fs::remove_file(other.join("hard-w5.json")).unwrap();
@@ -455,11 +456,7 @@ async fn arguments_outside_what_config_allows_are_refused() {
         time_zone: "localtime".into(),
         ..daily("d", 6)
     }];
-    let refused = App::open(test_config(config))
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let refused = refused_start(config).await;
     assert!(
         refused.contains("time_zone 'localtime' is not an IANA time zone"),
         "{refused}"
@@ -477,15 +474,7 @@ async fn a_fence_path_that_is_a_link_is_the_file_it_names() {
     std::fs::create_dir_all(&other).unwrap();
     std::os::unix::fs::symlink(real.join("fence.json"), other.join("fence.json")).unwrap();
     let first = TestServer::start(static_node(dir.path(), "s1", &real.join("fence.json"))).await;
-    let refused = App::open(test_config(static_node(
-        dir.path(),
-        "s2",
-        &other.join("fence.json"),
-    )))
-    .await
-    .err()
-    .expect("the second node is refused")
-    .to_string();
+    let refused = refused_start(static_node(dir.path(), "s2", &other.join("fence.json"))).await;
     assert!(
         refused.contains("worker id 5 is in use by another process"),
         "{refused}"

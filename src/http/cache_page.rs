@@ -62,10 +62,10 @@ impl Page {
         let mut page = Page::default();
         for pair in query.unwrap_or("").split('&') {
             match pair.split_once('=') {
-                // The guard keeps the cursor; it is true only for a second one.
-                Some(("cursor", v)) if page.cursor.replace(v.to_string()).is_some() => {
+                Some(("cursor", _)) if page.cursor.is_some() => {
                     return Err("cursor is given twice".into());
                 }
+                Some(("cursor", v)) => page.cursor = Some(v.to_string()),
                 Some(("count", v)) => {
                     let count = v
                         .parse::<usize>()

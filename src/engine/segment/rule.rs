@@ -71,8 +71,7 @@ impl TagRule {
         let zone = jiff::tz::TimeZone::get(zone_name)
             .ok()
             .filter(|_| super::zone_names_a_place(zone_name))
-            .ok_or(())
-            .map_err(|_| {
+            .ok_or_else(|| {
                 format!("ZONE '{zone_name}' is not an IANA time zone (e.g. UTC, Asia/Shanghai)")
             })?;
         let digits = digits.unwrap_or(6);

@@ -277,14 +277,9 @@ impl SegmentEngine {
             let other_rule = record.is_some_and(|r| !super::period::same_rule(r, &rule.marker()));
             if !other_rule && rule.period_of(row.max_id) >= now {
                 self.check_position(buffer, rule, row.max_id, now_ms)?;
-            } else if let Some(reason) = (record.is_none())
-                .then(|| rule.refuse_unrecorded(row.max_id, now_ms))
-                .flatten()
-            {
-                tracing::warn!(tag = %buffer.name, position = row.max_id, "{reason}");
-                return Err(
-                    self.failure_error(&buffer.name, LoadFailure::Unavailable(reason.into()))
-                );
+            } else if record.is_none() {
+                let refusal = rule.refuse_unrecorded(row.max_id, now_ms);
+                self.refuse_row(buffer, row.max_id, refusal)?;
             }
         }
         let floor = rule.first_position(now);
@@ -313,13 +308,21 @@ impl SegmentEngine {
         position: i64,
         now_ms: u64,
     ) -> Result<(), SegmentError> {
-        match rule.refuse_position(position, now_ms) {
-            None => Ok(()),
-            Some(reason) => {
-                tracing::warn!(tag = %buffer.name, position, "{reason}");
-                Err(self.failure_error(&buffer.name, LoadFailure::Unavailable(reason.into())))
-            }
-        }
+        self.refuse_row(buffer, position, rule.refuse_position(position, now_ms))
+    }
+
+    /// The refusal of a row at `position` for `reason` (`None`: the row may be served).
+    fn refuse_row(
+        &self,
+        buffer: &TagBuffer,
+        position: i64,
+        reason: Option<String>,
+    ) -> Result<(), SegmentError> {
+        let Some(reason) = reason else {
+            return Ok(());
+        };
+        tracing::warn!(tag = %buffer.name, position, "{reason}");
+        Err(self.failure_error(&buffer.name, LoadFailure::Unavailable(reason.into())))
     }
 
     /// The holder serving this request's batch went away (its own caller timed out).
