@@ -48,7 +48,7 @@ pub(super) async fn start_snowflake(
     let layout = snowflake_layout(sf);
     // A configured fence path that is a symbolic link (dangling until the first fence) stands
     // for the file it names: the worker's file and its lock are derived from that.
-    let fence_base = crate::coord::static_id::follow_link(&sf.fence_path(&config.storage));
+    let fence_base = crate::coord::fence_file::follow_link(&sf.fence_path(&config.storage));
     let coordinator: Box<dyn Coordinator> = match sf.coordinator {
         CoordinatorKind::Static => {
             let fence = FenceFile::new(&fence_base).for_worker(sf.worker_id);

@@ -26,6 +26,24 @@ pub struct FenceFile {
     layout: Option<std::sync::Arc<str>>,
 }
 
+/// The path a symbolic link at `path` names (relative to the link's directory), followed
+/// while it is one (at most 40 times, as the kernel); `path` itself when it is no link.
+pub fn follow_link(path: &std::path::Path) -> PathBuf {
+    let mut at = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::read_link(&at) {
+            Ok(target) => {
+                at = match at.parent() {
+                    Some(dir) => dir.join(target),
+                    None => target,
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    at
+}
+
 /// Temporary files are unique per writer, so two writers never rename each other's file.
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -90,12 +108,7 @@ impl FenceFile {
     pub fn store(&self, fence_ms: u64) -> Result<(), String> {
         // Through a symbolic link, the file it names is replaced, not the link: every path
         // that reached the fence still reaches it (and the lock beside it).
-        let target = match std::fs::symlink_metadata(&self.path) {
-            Ok(m) if m.file_type().is_symlink() => {
-                std::fs::canonicalize(&self.path).map_err(|e| self.error(e))?
-            }
-            _ => self.path.clone(),
-        };
+        let target = follow_link(&self.path);
         let dir = match target.parent().filter(|d| !d.as_os_str().is_empty()) {
             Some(dir) => dir.to_path_buf(),
             None => PathBuf::from("."),
@@ -140,6 +153,24 @@ mod tests {
             FenceFile::new("fence").for_worker(0).path(),
             Path::new("fence-w0")
         );
+    }
+
+    /// A fence path that is a link, also to a file not written yet, is stored in the file it
+    /// names; the link stays a link, and the lock's path is that file's.
+    #[test]
+    fn a_link_is_followed_to_the_file_it_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real-w3.json");
+        let link = dir.path().join("link-w3.json");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert_eq!(follow_link(&link), real);
+        assert_eq!(
+            crate::coord::static_id::resolve_file(&link).unwrap(),
+            std::fs::canonicalize(dir.path()).unwrap().join("real-w3.json")
+        );
+        FenceFile::new(&link).store(1_764_000_003_000).unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(FenceFile::new(&real).load(), Ok(1_764_000_003_000));
     }
 
     #[test]

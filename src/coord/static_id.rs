@@ -38,24 +38,6 @@ impl HeldWorker for StaticWorker {
     async fn close(self: Box<Self>, _last_issued_ms: Option<u64>) {}
 }
 
-/// The path a symbolic link at `path` names (relative to the link's directory), followed
-/// while it is one (at most 40 times, as the kernel); `path` itself when it is no link.
-pub fn follow_link(path: &std::path::Path) -> PathBuf {
-    let mut at = path.to_path_buf();
-    for _ in 0..40 {
-        match std::fs::read_link(&at) {
-            Ok(target) => {
-                at = match at.parent() {
-                    Some(dir) => dir.join(target),
-                    None => target,
-                }
-            }
-            Err(_) => break,
-        }
-    }
-    at
-}
-
 /// The path of the file `path` reaches, whatever path reached it: its directory's symlinks
 /// resolved, and the file's own when it is one, so that processes given one fence file by
 /// different paths take one lock beside it. A file with more than one hard link is refused: a
@@ -71,15 +53,14 @@ pub fn resolve_file(path: &std::path::Path) -> Result<PathBuf, CoordError> {
     let name = path
         .file_name()
         .ok_or_else(|| CoordError::Fence(format!("{}: not a file name", path.display())))?;
-    let mut file = std::fs::canonicalize(dir).map_err(failed)?.join(name);
-    if std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_symlink()) {
-        file = std::fs::canonicalize(&file).map_err(|e| {
-            CoordError::Fence(format!(
-                "{}: a symbolic link whose target cannot be resolved ({e})",
-                path.display()
-            ))
-        })?;
-    }
+    // The file a link names (also before that file exists), in its directory's real path.
+    let named =
+        super::fence_file::follow_link(&std::fs::canonicalize(dir).map_err(failed)?.join(name));
+    let real_dir = match named.parent() {
+        Some(dir) => std::fs::canonicalize(dir).map_err(failed)?,
+        None => PathBuf::from("."),
+    };
+    let file = real_dir.join(named.file_name().unwrap_or(name));
     if let Ok(meta) = std::fs::metadata(&file) {
         use std::os::unix::fs::MetadataExt;
         if meta.nlink() > 1 {
