@@ -268,6 +268,85 @@ async fn a_refused_opaque_node_writes_nothing(url: &str) {
     plain.stop().await;
 }
 
+/// A row whose step was set below 1 by hand would move back (or stay) under its allocations:
+/// refused before anything moves, on a node with no marks of the tag (which would not see the
+/// IDs it repeats).
+async fn a_row_step_below_one_is_refused(url: &str) {
+    let first = node(on(url)).await;
+    let mut con = first.client().await;
+    for tag in ["neg", "zero"] {
+        assert_eq!(
+            send(&mut con, &["LEAF.TAG", "CREATE", tag, "100"]).await,
+            Ok("OK".into())
+        );
+        assert_eq!(
+            send(&mut con, &["INCR", &format!("segment:{tag}")]).await,
+            Ok("1".into())
+        );
+    }
+    first.stop().await;
+    raw(
+        url,
+        "UPDATE leaf_alloc SET step = -300 WHERE biz_tag = 'neg'",
+    )
+    .await;
+    raw(url, "UPDATE leaf_alloc SET step = 0 WHERE biz_tag = 'zero'").await;
+    let fresh = node(on(url)).await;
+    let mut con = fresh.client().await;
+    for (tag, step) in [("neg", -300), ("zero", 0)] {
+        let sql = format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = '{tag}'");
+        let before = row_i64(url, &sql).await;
+        for _ in 0..3 {
+            let refused = send(&mut con, &["INCR", &format!("segment:{tag}")])
+                .await
+                .unwrap_err();
+            assert!(
+                refused.contains(&format!(
+                    "segment for '{tag}' exhausted and IDs refused: tag '{tag}' would be allocated with step {step} (its row's step, or one derived from it), and a step below 1 moves the row back or not at all; nothing was taken: set a step of 1 or more with LEAF.TAG STEP {tag} <n>"
+                )),
+                "{refused}"
+            );
+        }
+        assert_eq!(row_i64(url, &sql).await, before, "{tag}: the row moved");
+        // The operator's way out: a step again, and the IDs continue above all served.
+        assert_eq!(
+            send(&mut con, &["LEAF.TAG", "STEP", tag, "100"]).await,
+            Ok("OK".into())
+        );
+        let id: i64 = send(&mut con, &["INCR", &format!("segment:{tag}")])
+            .await
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(id > 100, "{tag}: {id}");
+    }
+    fresh.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_row_step_below_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    a_row_step_below_one_is_refused(&sqlite_url(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_row_step_below_one_is_refused() {
+    let test = "mysql_a_row_step_below_one_is_refused";
+    let Some(url) = Backend::MySql.fresh_database(test).await else {
+        return;
+    };
+    a_row_step_below_one_is_refused(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_row_step_below_one_is_refused() {
+    let test = "postgres_a_row_step_below_one_is_refused";
+    let Some(url) = Backend::Postgres.fresh_database(test).await else {
+        return;
+    };
+    a_row_step_below_one_is_refused(&url).await;
+}
+
 fn sqlite_url(dir: &tempfile::TempDir) -> String {
     format!("sqlite://{}", dir.path().join("l.db").display())
 }

@@ -166,10 +166,15 @@ mod tests {
         assert_eq!(follow_link(&link), real);
         assert_eq!(
             crate::coord::static_id::resolve_file(&link).unwrap(),
-            std::fs::canonicalize(dir.path()).unwrap().join("real-w3.json")
+            std::fs::canonicalize(dir.path())
+                .unwrap()
+                .join("real-w3.json")
         );
         FenceFile::new(&link).store(1_764_000_003_000).unwrap();
-        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
         assert_eq!(FenceFile::new(&real).load(), Ok(1_764_000_003_000));
     }
 

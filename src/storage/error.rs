@@ -32,6 +32,10 @@ pub enum StoreError {
     /// which opaque IDs cannot follow; the row was left as it was (no marker written).
     #[error("opaque IDs refused: tag '{tag}' records {recorded}, and opaque IDs are served in trend order only; nothing was written to its row: serve the tag as its row records it, or give the opaque use a tag of its own")]
     OpaqueRefused { tag: String, recorded: String },
+    /// The allocation's step (the row's, or the one asked for) is below 1: a row edited by hand
+    /// would move backwards or not at all; the row was left as it was.
+    #[error("IDs refused: tag '{tag}' would be allocated with step {step} (its row's step, or one derived from it), and a step below 1 moves the row back or not at all; nothing was taken: set a step of 1 or more with LEAF.TAG STEP {tag} <n>")]
+    BadStep { tag: String, step: i64 },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     /// A write (its statements or its commit) failed: nothing of it took effect, and nothing a
@@ -170,6 +174,17 @@ pub(super) fn insert_error(err: sqlx::Error, tag: &str) -> StoreError {
     }
 }
 
+/// An allocation's step must be 1 or more ([`StoreError::BadStep`]).
+pub(crate) fn check_step(tag: &str, step: i64) -> Result<(), StoreError> {
+    if step < 1 {
+        return Err(StoreError::BadStep {
+            tag: tag.to_string(),
+            step,
+        });
+    }
+    Ok(())
+}
+
 /// Whether an opaque key may be claimed on a row recording `split`: not on a strict or period
 /// tag, whose order opaque IDs cannot keep ([`StoreError::OpaqueRefused`]).
 pub(crate) fn opaque_claimable(tag: &str, split: Option<&str>) -> Result<(), StoreError> {
@@ -209,6 +224,9 @@ pub(super) fn not_allocated(row: Option<AllocRow>, tag: &str, grant: &Grant) -> 
         return StoreError::UnknownTag(tag.to_string());
     };
     if let Some(refused) = refused_rule(tag, split.as_deref(), grant.period_rule.as_deref()) {
+        return refused;
+    }
+    if let Err(refused) = check_step(tag, grant.step.unwrap_or(step)) {
         return refused;
     }
     let base = max_id.saturating_add(i64::from(exclusive_max != Some(max_id)));

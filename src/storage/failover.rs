@@ -32,6 +32,7 @@ pub(crate) fn plan(
     current: &str,
     grant: &super::Grant,
 ) -> Result<(i64, i64, Option<FailoverSkip>), super::StoreError> {
+    super::check_step(tag, step)?;
     let skip = row_writer
         .filter(|previous| *previous != current)
         .map(|previous| FailoverSkip {

@@ -58,8 +58,10 @@ impl SegmentStore for MemoryStore {
         }
         // Every row here is written by leafd alone: each range starts at the last max_id.
         let first = row.max_id;
+        let step = grant.step.unwrap_or(row.step);
+        super::check_step(tag, step)?;
         let max_id = first
-            .checked_add(grant.step.unwrap_or(row.step))
+            .checked_add(step)
             .ok_or_else(|| StoreError::Exhausted(tag.to_string()))?;
         if let Some(window) = grant.window {
             if max_id > window.end_of(first) {

@@ -185,7 +185,8 @@ const ALLOCATE: &str = "UPDATE leaf_alloc SET \
     exclusive_max = max_id + COALESCE(?1, step) \
       + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END, \
     update_time = CURRENT_TIMESTAMP \
-    WHERE biz_tag = ?2 AND max_id <= 9223372036854775806 - COALESCE(?1, step) \
+    WHERE biz_tag = ?2 AND COALESCE(?1, step) >= 1 \
+    AND max_id <= 9223372036854775806 - COALESCE(?1, step) \
     AND (?3 IS NULL OR (max_id + CASE WHEN exclusive_max = max_id THEN 0 ELSE 1 END) % ?3 \
         + COALESCE(?1, step) <= ?4) \
     AND (split IS NULL OR split NOT LIKE 'period:%' OR split = ?5 OR split LIKE ?5 || ':%') \

@@ -270,7 +270,10 @@ impl SegmentEngine {
     /// Changes the step stored for a tag; it applies from the tag's next load.
     pub async fn set_step(&self, tag: &str, step: i64) -> Result<(), SegmentError> {
         self.validate_step(step)?;
-        Ok(retry_conflicts(|| self.store.set_step(tag, step)).await?)
+        retry_conflicts(|| self.store.set_step(tag, step)).await?;
+        // A load refused for the row's old step is tried again at once on this node.
+        self.forget_failure(tag);
+        Ok(())
     }
 
     pub fn validate_step(&self, step: i64) -> Result<(), SegmentError> {

@@ -139,9 +139,9 @@ impl LoadFailure {
             StoreError::UnknownTag(_) => LoadFailure::UnknownTag,
             StoreError::Exhausted(_) => LoadFailure::Exhausted,
             // Its text is the refusal itself (`IDs refused: …`), not a database failure.
-            refused @ (StoreError::RuleMismatch { .. } | StoreError::OpaqueRefused { .. }) => {
-                LoadFailure::Unavailable(refused.to_string().into())
-            }
+            refused @ (StoreError::RuleMismatch { .. }
+            | StoreError::OpaqueRefused { .. }
+            | StoreError::BadStep { .. }) => LoadFailure::Unavailable(refused.to_string().into()),
             other => LoadFailure::Unavailable(store_reason(other).into()),
         }
     }
