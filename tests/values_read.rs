@@ -347,6 +347,141 @@ async fn postgres_a_row_step_below_one_is_refused() {
     a_row_step_below_one_is_refused(&url).await;
 }
 
+/// Nodes configured otherwise than a row records are refused by the allocation's (or the
+/// raise's) own statement: the row does not move, whichever kind refuses.
+async fn a_refused_node_moves_no_row(url: &str) {
+    let plain = node(on(url)).await;
+    let mut admin = plain.client().await;
+    for args in [
+        &["LEAF.TAG", "CREATE", "st", "10", "ORDER", "strict"][..],
+        &["LEAF.TAG", "CREATE", "sp", "10"],
+        &["LEAF.TAG", "SPLIT", "sp", "2", "0", "100"],
+    ] {
+        assert!(send(&mut admin, args).await.is_ok(), "{args:?}");
+    }
+    assert_eq!(
+        send(&mut admin, &["INCR", "segment:st"]).await,
+        Ok("1".into())
+    );
+    let mut opaque_config = on(url);
+    opaque_config.segment.opaque_key = "a key of at least sixteen characters".into();
+    opaque_config.segment.opaque.push(OpaqueTag {
+        tag: "op".into(),
+        digits: 10,
+    });
+    opaque_config.segment.tags = vec![TagSeed::new("op", 10)];
+    let opaque = node(opaque_config).await;
+    let mut ocon = opaque.client().await;
+    let opaque_id = send(&mut ocon, &["INCR", "segment:op"]).await.unwrap();
+    let strict_seed = |tag: &str| TagSeed {
+        order: leafd::config::TagOrder::Strict,
+        ..TagSeed::new(tag, 10)
+    };
+    let mut split_node = on(url);
+    split_node.segment.id_delta = 3;
+    split_node.segment.id_remainder = 1;
+    let with_tags = |tags: Vec<TagSeed>| {
+        let mut config = on(url);
+        config.segment.tags = tags;
+        config
+    };
+    for (config, tag, refusal) in [
+        (
+            with_tags(vec![TagSeed::new("st", 10)]),
+            "st",
+            "records strict order (order:strict) and this node serves it in trend order",
+        ),
+        (
+            split_node,
+            "sp",
+            "the tag's split is recorded as id_delta:id_remainder 2:0 and this node's 3:1 is not inside it",
+        ),
+        (
+            with_tags(vec![daily("st", 6)]),
+            "st",
+            "records the order rule order:strict and this node's is period:daily:6",
+        ),
+        (
+            with_tags(vec![strict_seed("sp")]),
+            "sp",
+            "records the split 2:0 and this node's is order:strict",
+        ),
+        (
+            with_tags(vec![daily("op", 6)]),
+            "op",
+            "IDs refused: tag 'op' serves opaque IDs (d10:",
+        ),
+    ] {
+        let sql = format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = '{tag}'");
+        let before = row_i64(url, &sql).await;
+        let refused_node = node(config).await;
+        let mut con = refused_node.client().await;
+        for _ in 0..2 {
+            let refused = send(&mut con, &["INCR", &format!("segment:{tag}")])
+                .await
+                .unwrap_err();
+            assert!(refused.contains(refusal), "{tag}: {refused}");
+        }
+        refused_node.stop().await;
+        assert_eq!(row_i64(url, &sql).await, before, "{tag}: a refused node moved the row");
+    }
+    let refused = send(&mut admin, &["INCR", "segment:op"]).await;
+    assert!(
+        refused.is_err(),
+        "a plain node below the opaque range: {refused:?}"
+    );
+    let mut period_node = on(url);
+    period_node.segment.tags = vec![daily("op", 6)];
+    let period_node = node(period_node).await;
+    let refused = send(&mut period_node.client().await, &["INCR", "segment:op"])
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains(") and this node's rule for it is period:daily:6; its record would refuse every opaque node from then on; give this use a tag of its own"),
+        "{refused}"
+    );
+    period_node.stop().await;
+    let sql = "SELECT COUNT(*) FROM leaf_alloc WHERE split IS NULL AND biz_tag = 'op'";
+    assert_eq!(
+        row_i64(url, sql).await,
+        1,
+        "no rule recorded beside the opaque key"
+    );
+    // The nodes that serve the tags as their rows record go on.
+    assert_eq!(
+        send(&mut admin, &["INCR", "segment:st"]).await,
+        Ok("2".into())
+    );
+    let next = send(&mut ocon, &["INCR", "segment:op"]).await.unwrap();
+    assert_ne!(next, opaque_id);
+    opaque.stop().await;
+    plain.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_refused_node_moves_no_row() {
+    let dir = tempfile::tempdir().unwrap();
+    a_refused_node_moves_no_row(&sqlite_url(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_refused_node_moves_no_row() {
+    let test = "mysql_a_refused_node_moves_no_row";
+    let Some(url) = Backend::MySql.fresh_database(test).await else {
+        return;
+    };
+    a_refused_node_moves_no_row(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_refused_node_moves_no_row() {
+    let test = "postgres_a_refused_node_moves_no_row";
+    let Some(url) = Backend::Postgres.fresh_database(test).await else {
+        return;
+    };
+    a_refused_node_moves_no_row(&url).await;
+}
+
 fn sqlite_url(dir: &tempfile::TempDir) -> String {
     format!("sqlite://{}", dir.path().join("l.db").display())
 }

@@ -240,8 +240,11 @@ where
                 .execute(&mut *tx)
                 .await?;
             let row = Self::read_back(&mut tx, read, tag).await?;
-            let (max_id, split): (i64, Option<String>) = (row.try_get(0)?, row.try_get(1)?);
-            if let Some(refused) = super::refused_rule(tag, split.as_deref(), Some(marker)) {
+            let (max_id, split, opaque): (i64, Option<String>, Option<String>) =
+                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+            let serves = super::Serves::Period(marker.into());
+            let (split, opaque) = (split.as_deref(), opaque.as_deref());
+            if let Some(refused) = super::refused_rule(tag, split, opaque, &serves, max_id) {
                 return Err(refused);
             }
             Ok((tx, max_id))
@@ -282,6 +285,12 @@ where
         exists: &str,
     ) -> Result<Result<LeafAlloc, StoreError>, StoreError> {
         let step = grant.step;
+        // The statement takes the write lock at once (a read first would have to upgrade its
+        // lock, which SQLite refuses to a second writer); a row whose record the caller may
+        // not move under is put back to the savepoint, in the same transaction.
+        sqlx::query("SAVEPOINT leafd_allocation")
+            .execute(&mut **tx)
+            .await?;
         let window = grant.window;
         // fetch_all steps the statement to its end, where its changes are written.
         let rows = sqlx::query(allocate)
@@ -289,32 +298,54 @@ where
             .bind(tag)
             .bind(window.map(|w| w.span))
             .bind(window.map(|w| w.usable))
-            .bind(grant.period_rule.as_deref())
+            .bind(grant.serves.period_marker())
             .fetch_all(&mut **tx)
             .await?;
-        match rows.first() {
+        let outcome = match rows.first() {
             Some(row) => {
                 let mut alloc = LeafAlloc::from_row(row)?;
                 alloc.first = alloc.max_id - step.unwrap_or(alloc.step);
-                Ok(Ok(alloc))
+                let (split, opaque) = (alloc.split.as_deref(), alloc.opaque.as_deref());
+                match super::refused_rule(tag, split, opaque, &grant.serves, alloc.first) {
+                    Some(refused) => {
+                        sqlx::query("ROLLBACK TO leafd_allocation")
+                            .execute(&mut **tx)
+                            .await?;
+                        Err(refused)
+                    }
+                    None => Ok(alloc),
+                }
             }
             None => {
-                let row = sqlx::query(exists)
-                    .bind(tag)
-                    .fetch_optional(&mut **tx)
-                    .await?;
-                let row = match row {
-                    Some(row) => Some((
-                        row.try_get(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                    )),
-                    None => None,
-                };
-                Ok(Err(super::not_allocated(row, tag, grant)))
+                let row = Self::exists_row(tx, exists, tag).await?;
+                Err(super::not_allocated(row, tag, grant))
             }
-        }
+        };
+        sqlx::query("RELEASE leafd_allocation")
+            .execute(&mut **tx)
+            .await?;
+        Ok(outcome)
+    }
+
+    /// The row as `exists` reads it (`max_id`, `exclusive_max`, `step`, `split`).
+    async fn exists_row(
+        tx: &mut Transaction<'static, DB>,
+        exists: &str,
+        tag: &str,
+    ) -> Result<Option<super::error::AllocRow>, StoreError> {
+        let row = sqlx::query(exists)
+            .bind(tag)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(match row {
+            Some(row) => Some((
+                row.try_get(0)?,
+                row.try_get(1)?,
+                row.try_get(2)?,
+                row.try_get(3)?,
+            )),
+            None => None,
+        })
     }
 
     /// The tag's row as `read` (binding the tag) selects it after a change in `tx`: the
@@ -360,16 +391,19 @@ fn move_up_sql(p: fn(usize) -> String) -> [String; 2] {
 }
 
 /// [`move_up_sql`] for a period tag entering a period under the rule bound 6th (and, with
-/// `:%` appended, 7th): a row that records another period rule is not moved. The read returns
-/// `max_id` and `split`, so the caller can tell.
+/// `:%` appended, 7th): a row that records another rule (or has an opaque key) is not moved.
+/// The read returns `max_id`, `split` and `opaque`, so the caller can tell.
 fn raise_sql(p: fn(usize) -> String) -> (String, String) {
     let [update, _] = move_up_sql(p);
     (
         format!(
-            "{update} AND (split IS NULL OR split NOT LIKE 'period:%' OR split = {} OR split LIKE {})",
+            "{update} AND opaque IS NULL AND (split IS NULL OR split = {} OR split LIKE {})",
             p(6),
             p(7)
         ),
-        format!("SELECT max_id, split FROM leaf_alloc WHERE biz_tag = {}", p(1)),
+        format!(
+            "SELECT max_id, split, opaque FROM leaf_alloc WHERE biz_tag = {}",
+            p(1)
+        ),
     )
 }

@@ -1,7 +1,7 @@
 //! What a storage call can fail with, and how a database's error or a refused allocation maps
 //! to it (which failures a retry or another member resolves).
 
-use super::{rule_admits, Grant};
+use super::{rule_admits, Grant, Serves, PERIOD_RECORD, STRICT_RECORD};
 
 /// Errors of a storage call.
 #[derive(Debug, thiserror::Error)]
@@ -20,13 +20,15 @@ pub enum StoreError {
     /// is the row's, `left` the positions the window still had for a grant.
     #[error("tag '{tag}': only {left} IDs are left before the end of the window at {max_id}")]
     PastEnd { tag: String, max_id: i64, left: i64 },
-    /// The row records a period rule the caller does not apply ([`rule_admits`]); the row was
-    /// left as it was.
-    #[error("{}", rule_refusal(.tag, .recorded, .mine.as_deref()))]
+    /// The row records a rule the caller does not serve the tag by ([`rule_admits`]); the row
+    /// was left as it was. `max_id` is the row's.
+    #[error("{}", rule_refusal(.tag, .recorded, .opaque.as_deref(), .serves, *.max_id))]
     RuleMismatch {
         tag: String,
         recorded: String,
-        mine: Option<String>,
+        opaque: Option<String>,
+        serves: Serves,
+        max_id: i64,
     },
     /// An opaque node's claim of its key found the row recording strict order or a period,
     /// which opaque IDs cannot follow; the row was left as it was (no marker written).
@@ -61,16 +63,58 @@ pub enum StoreError {
     MarksUnreadable(String),
 }
 
-/// The refusal of a node whose period rule is not the one the row records.
-pub(super) fn rule_refusal(tag: &str, recorded: &str, mine: Option<&str>) -> String {
-    match mine {
-        None => format!(
-            "IDs refused: tag '{tag}' hands out period IDs ({recorded}) and this node has no period configured for it; its positions are not IDs"
-        ),
-        Some(mine) => format!(
-            "IDs refused: tag '{tag}' records the period rule {recorded} and this node's is {mine}; a node with another rule would repeat or misorder IDs; configure the tag as its row records it, or use a new tag"
-        ),
+/// The refusal of a node that serves a tag otherwise than its row records (`serves`), with
+/// what to do.
+pub(super) fn rule_refusal(
+    tag: &str,
+    recorded: &str,
+    opaque: Option<&str>,
+    serves: &Serves,
+    max_id: i64,
+) -> String {
+    let (mine, opaque_node) = match serves {
+        Serves::Strict => (STRICT_RECORD.to_string(), false),
+        Serves::Period(marker) => (marker.to_string(), false),
+        Serves::Unchecked => (String::new(), false),
+        Serves::Trend { split, opaque } => (split.as_deref().unwrap_or("1:0").to_string(), *opaque),
+    };
+    let trend = matches!(serves, Serves::Trend { .. } | Serves::Unchecked);
+    if let Some(opaque) = opaque.filter(|_| !trend) {
+        return format!(
+            "IDs refused: tag '{tag}' serves opaque IDs ({opaque}) and this node's rule for it is {mine}; its record would refuse every opaque node from then on; give this use a tag of its own"
+        );
     }
+    if (trend || *serves == Serves::Strict) && recorded.starts_with(PERIOD_RECORD) {
+        return format!(
+            "IDs refused: tag '{tag}' hands out period IDs ({recorded}) and this node has no period configured for it; its positions are not IDs"
+        );
+    }
+    if trend && recorded == STRICT_RECORD {
+        let remedy = if opaque_node {
+            format!("opaque IDs are served in trend order only: once no node serves the tag strict, clear the record (UPDATE leaf_alloc SET split = NULL WHERE biz_tag = '{tag}'), or give the strict use a tag of its own")
+        } else {
+            "configure order = \"strict\" for the tag on this node".to_string()
+        };
+        return format!(
+            "IDs refused: tag '{tag}' records strict order ({STRICT_RECORD}) and this node serves it in trend order, whose buffered IDs would come back out of order; {remedy}"
+        );
+    }
+    if trend {
+        let (delta, remainder) = mine.split_once(':').unwrap_or(("1", "0"));
+        return format!(
+            "IDs refused: the tag's split is recorded as id_delta:id_remainder {recorded} and this node's {delta}:{remainder} is not inside it, so it could repeat IDs another cluster served; once every node runs the new split, run LEAF.TAG SPLIT {tag} {delta} {remainder} <start> in every cluster, with <start> above every cluster's max_id (this cluster's is {max_id})"
+        );
+    }
+    let kind = if recorded.starts_with(PERIOD_RECORD) {
+        "the period rule"
+    } else if recorded.starts_with("order:") {
+        "the order rule"
+    } else {
+        "the split"
+    };
+    format!(
+        "IDs refused: tag '{tag}' records {kind} {recorded} and this node's is {mine}; a node with another rule would repeat or misorder IDs; configure the tag as its row records it, or use a new tag"
+    )
 }
 
 impl StoreError {
@@ -202,17 +246,21 @@ pub(crate) fn opaque_claimable(tag: &str, split: Option<&str>) -> Result<(), Sto
 /// A row's `max_id`, `exclusive_max`, `step` and `split`, as read after a guarded UPDATE.
 pub(super) type AllocRow = (i64, Option<i64>, i64, Option<String>);
 
-/// The refusal when a row recording `recorded` may not be moved under the period rule
-/// `marker` ([`rule_admits`]).
+/// The refusal when a row at `max_id` recording `recorded` may not be moved by a caller that
+/// serves the tag as `serves` ([`rule_admits`]).
 pub(crate) fn refused_rule(
     tag: &str,
     recorded: Option<&str>,
-    marker: Option<&str>,
+    opaque: Option<&str>,
+    serves: &Serves,
+    max_id: i64,
 ) -> Option<StoreError> {
-    (!rule_admits(recorded, marker)).then(|| StoreError::RuleMismatch {
+    (!rule_admits(recorded, opaque, serves)).then(|| StoreError::RuleMismatch {
         tag: tag.to_string(),
         recorded: recorded.unwrap_or_default().to_string(),
-        mine: marker.map(str::to_string),
+        opaque: opaque.map(str::to_string),
+        serves: serves.clone(),
+        max_id,
     })
 }
 
@@ -223,7 +271,8 @@ pub(super) fn not_allocated(row: Option<AllocRow>, tag: &str, grant: &Grant) -> 
     let Some((max_id, exclusive_max, step, split)) = row else {
         return StoreError::UnknownTag(tag.to_string());
     };
-    if let Some(refused) = refused_rule(tag, split.as_deref(), grant.period_rule.as_deref()) {
+    // The opaque key is checked after the statement moved the row (and put back then).
+    if let Some(refused) = refused_rule(tag, split.as_deref(), None, &grant.serves, max_id) {
         return refused;
     }
     if let Err(refused) = check_step(tag, grant.step.unwrap_or(step)) {

@@ -150,7 +150,7 @@ mod tests {
             step: None,
             failover_margin: margin,
             window,
-            period_rule: None,
+            serves: crate::storage::Serves::Unchecked,
             seen: None,
         };
         assert_eq!(

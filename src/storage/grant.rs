@@ -32,14 +32,79 @@ pub fn same_rule(recorded: &str, marker: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'))
 }
 
+/// How a strict tag's row records its order in its `split` column.
+pub const STRICT_RECORD: &str = "order:strict";
+
+/// How the caller serves the tag whose row it moves, which the row's record (its `split`
+/// column) must admit before anything moves ([`rule_admits`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Serves {
+    /// An admin move of a tag without a period (SKIP, SKIPALL): only a period record refuses.
+    #[default]
+    Unchecked,
+    /// Trend order over `split` (`<delta>:<remainder>`; `None`: the whole ID space),
+    /// `opaque`: through the opaque permutation (for the refusal's remedy).
+    Trend {
+        split: Option<Arc<str>>,
+        opaque: bool,
+    },
+    /// Strict order across the cluster.
+    Strict,
+    /// A period's sequence under the rule its marker names (`period:daily:6`).
+    Period(Arc<str>),
+}
+
+impl Serves {
+    /// The period marker, for the statements that check a period record themselves.
+    pub fn period_marker(&self) -> Option<&str> {
+        match self {
+            Serves::Period(marker) => Some(marker),
+            _ => None,
+        }
+    }
+}
+
+/// A residue class as a row records it (`<delta>:<remainder>`, delta at least 1 and the
+/// remainder below it); `None` for anything else.
+pub fn parse_split(marker: &str) -> Option<(i64, i64)> {
+    let (delta, remainder) = marker.split_once(':')?;
+    let (delta, remainder) = (delta.parse::<i64>().ok()?, remainder.parse::<i64>().ok()?);
+    (delta >= 1 && (0..delta).contains(&remainder)).then_some((delta, remainder))
+}
+
+/// True when every ID of the class `inner` is also one of `outer`'s (a split may narrow so,
+/// from delta 2 remainder 0 to delta 4 remainder 0 or 2, without reaching another cluster's).
+pub fn class_within(inner: (i64, i64), outer: (i64, i64)) -> bool {
+    inner.0 % outer.0 == 0 && inner.1 % outer.0 == outer.1
+}
+
 /// Whether a row recording `recorded` (its `split` column) may be moved by an allocation or a
-/// raise under the period rule `marker` (`None`: the caller applies none). A row that records a
-/// period is moved only under that period's rule: under any other, its positions would be read
-/// as other IDs, and a move would put later dates in every node's IDs.
-pub fn rule_admits(recorded: Option<&str>, marker: Option<&str>) -> bool {
-    match recorded {
-        Some(r) if r.starts_with(PERIOD_RECORD) => marker.is_some_and(|m| same_rule(r, m)),
-        _ => true,
+/// raise of a caller that serves the tag as `serves`: a period record only under that period's
+/// rule (under any other its positions would be read as other IDs); strict order only by a
+/// strict node (a trend node's buffered IDs would come back out of order); a split only by a
+/// trend node whose class lies inside it (any other could reach another cluster's IDs). A row
+/// without a record admits every caller, which records its rule after. A row with an opaque
+/// key (`opaque`) admits no strict or period node, whose record would end its opaque IDs.
+pub fn rule_admits(recorded: Option<&str>, opaque: Option<&str>, serves: &Serves) -> bool {
+    if opaque.is_some() && matches!(serves, Serves::Strict | Serves::Period(_)) {
+        return false;
+    }
+    let Some(r) = recorded else {
+        return true;
+    };
+    let period = r.starts_with(PERIOD_RECORD);
+    match serves {
+        Serves::Unchecked => !period,
+        Serves::Period(marker) => period && same_rule(r, marker),
+        Serves::Strict => r == STRICT_RECORD,
+        Serves::Trend { split, .. } => {
+            let mine = split.as_deref().map_or(Some((1, 0)), parse_split);
+            !period
+                && !r.starts_with("order:")
+                && parse_split(r)
+                    .zip(mine)
+                    .is_some_and(|(outer, mine)| class_within(mine, outer))
+        }
     }
 }
 
@@ -53,9 +118,9 @@ pub struct Grant {
     /// The window the granted range must stay inside (a period tag's numbers); `None`: the
     /// whole ID space.
     pub window: Option<Window>,
-    /// The period rule the caller applies (`period:daily:6`), checked against the row's record
-    /// before anything moves ([`rule_admits`]).
-    pub period_rule: Option<Arc<str>>,
+    /// How the caller serves the tag, checked against the row's record before anything moves
+    /// ([`rule_admits`]).
+    pub serves: Serves,
     /// The row as the caller's last allocation of the tag found it, when the caller admits a
     /// row in that state as it is ([`Grant::single_statement`]).
     pub seen: Option<SeenRow>,
@@ -75,13 +140,13 @@ impl Grant {
             step,
             failover_margin,
             window: None,
-            period_rule: None,
+            serves: Serves::Unchecked,
             seen: None,
         }
     }
 
     /// The step and the row the caller last saw, when one autocommitted statement may make
-    /// this allocation: an explicit step, no window, no period rule. The statement moves the
+    /// this allocation: an explicit step, no window, no period. The statement moves the
     /// row only while it still shows what the caller saw, has no opaque marker, leaves nothing
     /// unserved (`exclusive_max = max_id`), was written last by the instance answering now
     /// (no failover margin) and has room for the step; otherwise it moves nothing and the
@@ -89,8 +154,9 @@ impl Grant {
     /// strict tag's row is contended by every node, and a transaction holds its lock across
     /// four round trips, one statement only while it runs.
     pub fn single_statement(&self) -> Option<(i64, &SeenRow)> {
-        match (self.step, &self.window, &self.period_rule, &self.seen) {
-            (Some(step), None, None, Some(seen)) if step >= 1 => Some((step, seen)),
+        match (self.step, &self.window, &self.serves, &self.seen) {
+            (_, _, Serves::Period(_), _) => None,
+            (Some(step), None, _, Some(seen)) if step >= 1 => Some((step, seen)),
             _ => None,
         }
     }
@@ -165,5 +231,64 @@ impl LeafAlloc {
                 .flatten()
                 .map(|t| t.trim().to_string()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_may_only_narrow() {
+        let whole = (1, 0);
+        assert!(class_within((2, 0), whole));
+        assert!(class_within((4, 2), (2, 0)));
+        assert!(class_within((6, 3), (3, 0)));
+        assert!(!class_within((4, 1), (2, 0)));
+        assert!(
+            !class_within((3, 1), (2, 0)),
+            "3/1 holds 4, an ID of 2/1... and of 2/0"
+        );
+        assert!(!class_within(whole, (2, 0)));
+        assert!(!class_within((2, 0), (4, 0)), "widening");
+        assert_eq!(parse_split("4:3"), Some((4, 3)));
+        assert_eq!(parse_split("4:4"), None);
+        assert_eq!(parse_split("x"), None);
+        assert_eq!(parse_split("0:0"), None);
+    }
+
+    /// Each record admits only the callers that serve the tag as it says, before the row moves.
+    #[test]
+    fn a_record_admits_only_its_own_kind() {
+        let trend = |split: Option<&str>| Serves::Trend {
+            split: split.map(Into::into),
+            opaque: false,
+        };
+        let period = Serves::Period("period:daily:6".into());
+        for serves in [&trend(None), &trend(Some("2:0")), &Serves::Strict, &period] {
+            assert!(rule_admits(None, None, serves), "{serves:?}");
+        }
+        assert!(rule_admits(Some("period:daily:6:UTC:ORD"), None, &period));
+        assert!(!rule_admits(Some("period:daily:60:UTC:"), None, &period));
+        assert!(!rule_admits(Some("period:daily:6"), None, &trend(None)));
+        assert!(!rule_admits(Some("period:daily:6"), None, &Serves::Strict));
+        assert!(!rule_admits(
+            Some("period:daily:6"),
+            None,
+            &Serves::Unchecked
+        ));
+        assert!(rule_admits(Some(STRICT_RECORD), None, &Serves::Strict));
+        assert!(rule_admits(Some(STRICT_RECORD), None, &Serves::Unchecked));
+        assert!(!rule_admits(Some(STRICT_RECORD), None, &trend(None)));
+        assert!(!rule_admits(Some(STRICT_RECORD), None, &period));
+        assert!(rule_admits(Some("2:0"), None, &trend(Some("2:0"))));
+        assert!(rule_admits(Some("2:0"), None, &trend(Some("4:2"))));
+        assert!(!rule_admits(Some("2:0"), None, &trend(Some("4:1"))));
+        assert!(!rule_admits(Some("2:0"), None, &trend(None)));
+        assert!(!rule_admits(Some("2:0"), None, &Serves::Strict));
+        assert!(!rule_admits(Some("garbage"), None, &trend(None)));
+        assert!(rule_admits(None, Some("d10:ab"), &trend(None)));
+        assert!(!rule_admits(None, Some("d10:ab"), &Serves::Strict));
+        assert!(!rule_admits(None, Some("d10:ab"), &period));
     }
 }

@@ -210,7 +210,9 @@ impl LockedRow {
         if let Some(refused) = super::refused_rule(
             tag,
             self.alloc.split.as_deref(),
-            grant.period_rule.as_deref(),
+            self.alloc.opaque.as_deref(),
+            &grant.serves,
+            self.alloc.max_id,
         ) {
             return Err(refused);
         }

@@ -51,9 +51,13 @@ impl SegmentStore for MemoryStore {
         let row = rows
             .get_mut(tag)
             .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
-        if let Some(refused) =
-            super::refused_rule(tag, row.split.as_deref(), grant.period_rule.as_deref())
-        {
+        if let Some(refused) = super::refused_rule(
+            tag,
+            row.split.as_deref(),
+            row.opaque.as_deref(),
+            &grant.serves,
+            row.max_id,
+        ) {
             return Err(refused);
         }
         // Every row here is written by leafd alone: each range starts at the last max_id.
@@ -178,7 +182,9 @@ impl SegmentStore for MemoryStore {
         let row = rows
             .get_mut(tag)
             .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
-        if let Some(refused) = super::refused_rule(tag, row.split.as_deref(), Some(marker)) {
+        let serves = super::Serves::Period(marker.into());
+        let (split, opaque) = (row.split.as_deref(), row.opaque.as_deref());
+        if let Some(refused) = super::refused_rule(tag, split, opaque, &serves, row.max_id) {
             return Err(refused);
         }
         row.max_id = row.max_id.max(floor);

@@ -37,7 +37,10 @@ pub use error::StoreError;
 pub(crate) use error::{check_step, opaque_claimable, refused_rule};
 use error::{insert_error, not_allocated};
 pub use failover::FailoverSkip;
-pub use grant::{rule_admits, same_rule, Grant, LeafAlloc, NewTag, SeenRow, Window, PERIOD_RECORD};
+pub use grant::{
+    class_within, parse_split, rule_admits, same_rule, Grant, LeafAlloc, NewTag, SeenRow, Serves,
+    Window, PERIOD_RECORD, STRICT_RECORD,
+};
 pub use marks::SegmentMarks;
 pub use memory::MemoryStore;
 pub use migrate::statements as migration_statements;

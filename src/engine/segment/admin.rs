@@ -153,7 +153,10 @@ impl SegmentEngine {
                 step: Some(wanted),
                 failover_margin: margin,
                 window: Some(window),
-                period_rule: rule.clone(),
+                serves: rule.clone().map_or(
+                    crate::storage::Serves::Unchecked,
+                    crate::storage::Serves::Period,
+                ),
                 seen: None,
             };
             match retry_conflicts(|| self.store.allocate(tag, grant.clone())).await {

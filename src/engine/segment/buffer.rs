@@ -45,26 +45,6 @@ impl Interleave {
     pub fn marker(self) -> Option<String> {
         (self.delta != 1).then(|| format!("{}:{}", self.delta, self.remainder))
     }
-
-    /// The class a `leaf_alloc.split` value records (`None`: the whole space); `Err` for a
-    /// value no leafd writes.
-    pub fn from_marker(marker: Option<&str>) -> Result<Interleave, String> {
-        let Some(marker) = marker else {
-            return Ok(Interleave::default());
-        };
-        marker
-            .split_once(':')
-            .and_then(|(d, r)| Some((d.parse::<i64>().ok()?, r.parse::<i64>().ok()?)))
-            .filter(|&(d, r)| d >= 1 && (0..d).contains(&r))
-            .map(|(delta, remainder)| Interleave { delta, remainder })
-            .ok_or_else(|| format!("'{marker}' is not a delta:remainder split"))
-    }
-
-    /// True when every ID of this class is also one of `outer`'s: a split may narrow this way
-    /// (delta 2 remainder 0 to delta 4 remainder 0 or 2) without reaching another cluster's IDs.
-    pub fn within(self, outer: Interleave) -> bool {
-        self.delta % outer.delta == 0 && self.remainder % outer.delta == outer.remainder
-    }
 }
 
 /// A contiguous range of IDs owned by this node: `next..=max` are still free.
@@ -337,25 +317,10 @@ mod tests {
     }
 
     #[test]
-    fn a_split_may_only_narrow() {
+    fn a_class_is_recorded_as_delta_and_remainder() {
         let class = |delta, remainder| Interleave { delta, remainder };
-        let whole = Interleave::default();
-        assert!(class(2, 0).within(whole));
-        assert!(class(4, 2).within(class(2, 0)));
-        assert!(class(6, 3).within(class(3, 0)));
-        assert!(!class(4, 1).within(class(2, 0)));
-        assert!(
-            !class(3, 1).within(class(2, 0)),
-            "3/1 holds 4, an ID of 2/1... and of 2/0"
-        );
-        assert!(!whole.within(class(2, 0)));
-        assert!(!class(2, 0).within(class(4, 0)), "widening");
         assert_eq!(class(2, 1).marker().as_deref(), Some("2:1"));
-        assert_eq!(whole.marker(), None);
-        assert_eq!(Interleave::from_marker(Some("4:3")), Ok(class(4, 3)));
-        assert_eq!(Interleave::from_marker(None), Ok(whole));
-        assert!(Interleave::from_marker(Some("4:4")).is_err());
-        assert!(Interleave::from_marker(Some("x")).is_err());
+        assert_eq!(Interleave::default().marker(), None);
     }
 
     #[test]

@@ -168,7 +168,7 @@ impl SegmentEngine {
             step,
             failover_margin: self.settings.failover_margin,
             window: buffer.kind.period().map(|rule| rule.window()),
-            period_rule: buffer.kind.period().map(|rule| rule.marker().into()),
+            serves: self.serves(buffer),
             seen: self.seen_row(buffer),
         };
         // Read before the allocation: a mark another live process wrote after it began may be
@@ -185,21 +185,22 @@ impl SegmentEngine {
             .allocate_retrying(&buffer.name, grant, !buffer.kind.strict())
             .await
         {
-            // Refused before anything moved: the row records another period rule. A node
-            // that serves the tag by its row's record follows it from the next request on.
-            Err(StoreError::RuleMismatch {
-                tag,
-                recorded,
-                mine,
-            }) => {
-                if !buffer.serves_record(Some(&recorded)) {
-                    self.rebuild_tag(&buffer.name, Some(&recorded));
+            // Refused before anything moved: the row records another rule. A node that serves
+            // the tag by its row's record follows it from the next request on. LEAF.TAGS shows
+            // the table's max_id while the tag is refused: the re-split procedure reads it to
+            // choose a start above everything this cluster served.
+            Err(refused @ StoreError::RuleMismatch { .. }) => {
+                if let StoreError::RuleMismatch {
+                    recorded, max_id, ..
+                } = &refused
+                {
+                    if !buffer.serves_record(Some(recorded)) {
+                        self.rebuild_tag(&buffer.name, Some(recorded));
+                    }
+                    let mut st = buffer.lock();
+                    st.max_id = st.max_id.max(*max_id);
                 }
-                return Err(StoreError::RuleMismatch {
-                    tag,
-                    recorded,
-                    mine,
-                });
+                return Err(refused);
             }
             other => other?,
         };
@@ -211,6 +212,19 @@ impl SegmentEngine {
             .guard(&buffer.name, &alloc, others)
             .await
             .map(|()| alloc))
+    }
+
+    /// How this node serves the tag, which the row's record must admit before it moves.
+    pub(super) fn serves(&self, buffer: &TagBuffer) -> crate::storage::Serves {
+        use crate::storage::Serves;
+        match &buffer.kind {
+            TagKind::Period(rule) => Serves::Period(rule.marker().into()),
+            TagKind::Strict => Serves::Strict,
+            TagKind::Trend { opaque } => Serves::Trend {
+                split: buffer.lock().interleave.marker().map(Into::into),
+                opaque: opaque.is_some(),
+            },
+        }
     }
 
     /// A plain strict tag's row as its last allocation on this node found it: while the row

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 /// What a strict tag's row records (in its `split` column, which a strict tag does not
 /// otherwise use): a node serving the tag in trend order is refused.
-pub const STRICT_MARKER: &str = "order:strict";
+pub const STRICT_MARKER: &str = crate::storage::STRICT_RECORD;
 
 use super::{Calendar, PeriodRule};
 
