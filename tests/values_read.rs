@@ -147,6 +147,29 @@ async fn period_rows_that_are_no_date(url: &str) {
         }
         let refused = send(&mut con, &["INCRBY", &format!("segment:{tag}"), "5"]).await;
         assert!(refused.is_err(), "{tag}: {refused:?}");
+        // SKIP would move the row further into that impossible period: refused too.
+        let refused = send(&mut con, &["LEAF.TAG", "SKIP", tag, "5"])
+            .await
+            .unwrap_err();
+        assert!(
+            refused.contains(&format!(
+                "tag '{tag}': IDs refused: the row's position {position} {why}"
+            )),
+            "{tag}: {refused}"
+        );
+        check_unmoved(url, tag, position).await;
+    }
+    // SKIPALL leaves those rows as they are and moves the others.
+    let moved = send(&mut con, &["LEAF.TAG", "SKIPALL", "5"]).await.unwrap();
+    for tag in ["m13", "nextyear", "ninedigits", "rep", "yr"] {
+        assert!(!moved.contains(&format!("\"{tag}\"")), "{tag} in {moved}");
+    }
+    assert!(moved.contains("good"), "{moved}");
+    for (tag, position) in [
+        ("m13", 202613070000005),
+        ("nextyear", 20271207000005),
+        ("ninedigits", 202612070000002),
+    ] {
         check_unmoved(url, tag, position).await;
     }
     // Trend IDs served in today's numbers: refused, not raised over.
@@ -170,15 +193,20 @@ async fn period_rows_that_are_no_date(url: &str) {
             "{tag}: {refused}"
         );
         check_unmoved(url, tag, position).await;
+        let refused = send(&mut con, &["LEAF.TAG", "SKIP", tag, "5"])
+            .await
+            .unwrap_err();
+        assert!(refused.contains(why), "{tag}: {refused}");
+        check_unmoved(url, tag, position).await;
     }
-    // A row at a date of today serves from its position, dated today.
+    // A row at a date of today serves from its position (5, skipped by 5), dated today.
     assert_eq!(
         send(&mut con, &["INCR", "segment:good"]).await,
-        Ok("20261207000005".into())
+        Ok("20261207000010".into())
     );
     assert_eq!(
         send(&mut con, &["INCR", "segment:good"]).await,
-        Ok("20261207000006".into())
+        Ok("20261207000011".into())
     );
     // A period tag is created without a start: its numbers start at 1 each period.
     let refused = send(

@@ -104,7 +104,26 @@ impl SegmentEngine {
         let Some(row) = row else {
             return Err(SegmentError::UnknownTag(tag.to_string()));
         };
+        if let Some(reason) = self.period_row_refusal(&row) {
+            return Err(SegmentError::Invalid(format!("tag '{tag}': {reason}")));
+        }
         self.skip_row(tag, row.split.as_deref(), n).await
+    }
+
+    /// Why a period tag's row may not be moved by a skip, as an allocation's raise would refuse
+    /// it ([`super::PeriodRule::refuse_row`]): a skip would move it further into an impossible
+    /// period, or raise a trend row over IDs it served. The rule is this node's for the tag,
+    /// else the one the row records in full.
+    fn period_row_refusal(&self, row: &crate::storage::LeafAlloc) -> Option<String> {
+        let recorded = row.split.as_deref();
+        let same = |rule: &super::PeriodRule| {
+            recorded.is_none_or(|r| super::period::same_rule(r, &rule.marker()))
+        };
+        let rule = match self.settings.period.get(&row.tag).filter(|r| same(r)) {
+            Some(rule) => rule.clone(),
+            None => std::sync::Arc::new(recorded.and_then(super::PeriodRule::from_record)?),
+        };
+        rule.refuse_row(row.max_id, recorded, self.clock.now_millis())
     }
 
     /// [`SegmentEngine::skip`] of a tag whose row records `recorded` (its split column).
@@ -250,6 +269,11 @@ impl SegmentEngine {
     pub async fn skip_all(&self, n: i64) -> Result<Vec<(String, i64)>, SegmentError> {
         let mut moved = Vec::new();
         for row in self.store.list().await? {
+            // A row that is no position of its period is left as it is (and out of the reply).
+            if let Some(reason) = self.period_row_refusal(&row) {
+                tracing::warn!(tag = %row.tag, max_id = row.max_id, "SKIPALL leaves the row: {reason}");
+                continue;
+            }
             let max_id = self.skip_row(&row.tag, row.split.as_deref(), n).await?;
             moved.push((row.tag.clone(), max_id));
         }

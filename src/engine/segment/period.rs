@@ -190,6 +190,25 @@ impl PeriodRule {
         ))
     }
 
+    /// Why a row at `position` recording `recorded` (its split column) may not be moved into
+    /// or within this rule's period by a node whose clock reads `now_ms` (`None`: it may): at
+    /// or past the period, [`PeriodRule::refuse_position`]; below it, a row that records no
+    /// period must not have served trend IDs that are numbers of the period
+    /// ([`PeriodRule::refuse_unrecorded`]). A row recording another period rule is left to the
+    /// statements, which refuse it before it moves.
+    pub fn refuse_row(&self, position: i64, recorded: Option<&str>, now_ms: u64) -> Option<String> {
+        let record = recorded.filter(|r| r.starts_with(PERIOD_MARKER));
+        if record.is_some_and(|r| !same_rule(r, &self.marker())) {
+            None
+        } else if self.period_of(position) >= self.period_at(now_ms) {
+            self.refuse_position(position, now_ms)
+        } else if record.is_none() {
+            self.refuse_unrecorded(position, now_ms)
+        } else {
+            None
+        }
+    }
+
     /// What the tag's row records of this rule (in its `split` column, which a period tag does
     /// not otherwise use): the calendar and the digits, the two that decide which ID a row
     /// position is. The time zone only moves period boundaries, so it may change.

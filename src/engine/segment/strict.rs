@@ -261,26 +261,14 @@ impl SegmentEngine {
         if rule.period_of(known) >= now {
             return self.check_position(buffer, rule, known, now_ms);
         }
-        // The row as it is before the raise moves it: at or past this period, its position must
-        // be a date of the rule; below it, a row that records no period (a trend tag until now)
-        // must not have served trend IDs that are numbers of this period. A row recording
-        // another period rule is refused by the raise itself.
+        // The row as it is before the raise moves it ([`PeriodRule::refuse_row`]).
         let row = match self.store.row(&buffer.name).await {
             Ok(row) => row,
             Err(e) => return Err(self.failure_error(&buffer.name, LoadFailure::from_store(&e))),
         };
         if let Some(row) = row {
-            let record = row
-                .split
-                .as_deref()
-                .filter(|r| r.starts_with(super::period::PERIOD_MARKER));
-            let other_rule = record.is_some_and(|r| !super::period::same_rule(r, &rule.marker()));
-            if !other_rule && rule.period_of(row.max_id) >= now {
-                self.check_position(buffer, rule, row.max_id, now_ms)?;
-            } else if record.is_none() {
-                let refusal = rule.refuse_unrecorded(row.max_id, now_ms);
-                self.refuse_row(buffer, row.max_id, refusal)?;
-            }
+            let refusal = rule.refuse_row(row.max_id, row.split.as_deref(), now_ms);
+            self.refuse_row(buffer, row.max_id, refusal)?;
         }
         let floor = rule.first_position(now);
         let marker = rule.marker();
