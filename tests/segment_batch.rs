@@ -111,7 +111,7 @@ async fn a_batch_answers_as_single_allocations(batch_url: &str, single_url: &str
     assert!(expected[0].starts_with("plain 2..12"), "{expected:?}");
     assert!(expected[1].starts_with("leaf 8..18"), "{expected:?}");
     assert!(expected[3].contains("period"), "{expected:?}");
-    assert!(expected[4].contains("exhausted"), "{expected:?}");
+    assert!(expected[4].contains("end of the ID space"), "{expected:?}");
     assert!(expected[5].contains("nosuchtag"), "{expected:?}");
     assert_eq!(expected[7], "plain 12..16 skipped None", "{expected:?}");
     if !batch_url.starts_with("sqlite:") {

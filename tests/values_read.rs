@@ -510,6 +510,95 @@ async fn postgres_a_refused_node_moves_no_row() {
     a_refused_node_moves_no_row(&url).await;
 }
 
+/// A trend tag whose step is larger than what is left of the ID space serves the rest of it,
+/// to its last ID, then says it has exhausted its ID space; never an ID twice.
+async fn a_trend_tag_serves_to_the_end_of_the_space(url: &str) {
+    let server = node(on(url)).await;
+    let mut con = server.client().await;
+    assert_eq!(
+        send(&mut con, &["LEAF.TAG", "CREATE", "end", "1000000"]).await,
+        Ok("OK".into())
+    );
+    let start = i64::MAX - 150_000;
+    raw(
+        url,
+        &format!(
+            "UPDATE leaf_alloc SET max_id = {start}, exclusive_max = {start} WHERE biz_tag = 'end'"
+        ),
+    )
+    .await;
+    // The first request loads a segment of the tag's step (1,000,000): the rest of the space.
+    assert_eq!(
+        send(&mut con, &["INCR", "segment:end"]).await,
+        Ok(start.to_string())
+    );
+    let mut last = start;
+    let mut served = 1i64;
+    loop {
+        match send(&mut con, &["INCRBY", "segment:end", "1000"]).await {
+            Ok(id) => {
+                let id: i64 = id.parse().unwrap();
+                assert!(id - 999 > last, "{id} after {last}");
+                assert!(id - 999 >= start);
+                last = id;
+                served += 1000;
+            }
+            Err(e) => {
+                // The last block that does not fit the rest is refused whole.
+                assert!(e.contains("tag 'end' has exhausted its ID space"), "{e}");
+                break;
+            }
+        }
+        assert!(served <= 150_001, "served past the space");
+    }
+    let mut singles = 0;
+    loop {
+        match send(&mut con, &["INCR", "segment:end"]).await {
+            Ok(id) => {
+                let id: i64 = id.parse().unwrap();
+                assert!(id > last, "{id} after {last}");
+                last = id;
+                singles += 1;
+                assert!(singles <= 1000, "more singles than the rest of a block");
+            }
+            Err(e) => {
+                assert!(e.contains("tag 'end' has exhausted its ID space"), "{e}");
+                break;
+            }
+        }
+    }
+    assert!(
+        served >= 149_000,
+        "only {served} IDs served of the last 150,000"
+    );
+    assert!(last >= i64::MAX - 2, "the last ID served: {last}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_trend_tag_serves_to_the_end_of_the_space() {
+    let dir = tempfile::tempdir().unwrap();
+    a_trend_tag_serves_to_the_end_of_the_space(&sqlite_url(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_trend_tag_serves_to_the_end_of_the_space() {
+    let test = "mysql_a_trend_tag_serves_to_the_end_of_the_space";
+    let Some(url) = Backend::MySql.fresh_database(test).await else {
+        return;
+    };
+    a_trend_tag_serves_to_the_end_of_the_space(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_trend_tag_serves_to_the_end_of_the_space() {
+    let test = "postgres_a_trend_tag_serves_to_the_end_of_the_space";
+    let Some(url) = Backend::Postgres.fresh_database(test).await else {
+        return;
+    };
+    a_trend_tag_serves_to_the_end_of_the_space(&url).await;
+}
+
 fn sqlite_url(dir: &tempfile::TempDir) -> String {
     format!("sqlite://{}", dir.path().join("l.db").display())
 }

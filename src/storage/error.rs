@@ -16,6 +16,10 @@ pub enum StoreError {
     /// The allocation would pass 2^63 − 1; the row was left as it was.
     #[error("tag '{0}' has exhausted its ID space")]
     Exhausted(String),
+    /// The grant is larger than what is left before the end of the ID space; `left` IDs (at
+    /// least 1) would still fit. The row was left as it was.
+    #[error("tag '{tag}': only {left} IDs are left before the end of the ID space")]
+    NearEnd { tag: String, left: i64 },
     /// The grant would cross the end of its [`Window`]; the row was left as it was. `max_id`
     /// is the row's, `left` the positions the window still had for a grant.
     #[error("tag '{tag}': only {left} IDs are left before the end of the window at {max_id}")]
@@ -291,7 +295,14 @@ pub(super) fn not_allocated(row: Option<AllocRow>, tag: &str, grant: &Grant) -> 
                 left: (window.end_of(base) - base).max(0),
             }
         }
-        _ => StoreError::Exhausted(tag.to_string()),
+        // The statement's own bound: `max_id <= 9223372036854775806 - step`.
+        _ => match i64::MAX - 1 - max_id {
+            left if left >= 1 => StoreError::NearEnd {
+                tag: tag.to_string(),
+                left,
+            },
+            _ => StoreError::Exhausted(tag.to_string()),
+        },
     }
 }
 

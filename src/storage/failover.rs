@@ -60,7 +60,15 @@ pub(crate) fn plan(
         }
     }
     let first = base.checked_add(margin).ok_or_else(exhausted)?;
-    let max_id = first.checked_add(step).ok_or_else(exhausted)?;
+    let max_id = first
+        .checked_add(step)
+        .ok_or_else(|| match i64::MAX - first {
+            left if left >= 1 => super::StoreError::NearEnd {
+                tag: tag.to_string(),
+                left,
+            },
+            _ => exhausted(),
+        })?;
     Ok((first, max_id, skip))
 }
 
@@ -95,6 +103,7 @@ mod tests {
                 margin: 1000
             })
         );
+        // Past the margin, 5 IDs are left of the space: the caller may ask for those.
         assert!(matches!(
             plan(
                 "t",
@@ -105,7 +114,7 @@ mod tests {
                 "a",
                 &g(1000)
             ),
-            Err(crate::storage::StoreError::Exhausted(_))
+            Err(crate::storage::StoreError::NearEnd { left: 5, .. })
         ));
         assert!(plan(
             "t",

@@ -66,7 +66,13 @@ impl SegmentStore for MemoryStore {
         super::check_step(tag, step)?;
         let max_id = first
             .checked_add(step)
-            .ok_or_else(|| StoreError::Exhausted(tag.to_string()))?;
+            .ok_or_else(|| match i64::MAX - first {
+                left if left >= 1 => StoreError::NearEnd {
+                    tag: tag.to_string(),
+                    left,
+                },
+                _ => StoreError::Exhausted(tag.to_string()),
+            })?;
         if let Some(window) = grant.window {
             if max_id > window.end_of(first) {
                 return Err(StoreError::PastEnd {

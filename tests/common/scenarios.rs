@@ -174,8 +174,9 @@ pub async fn incrby_blocks_never_overlap(server: &TestServer) {
 }
 
 /// A tag whose first ID is 149 below 2^63 − 1, step 100: one segment is served to its last ID,
-/// then INCR and INCRBY answer `ERR tag '<tag>' has exhausted its ID space`, and the row is
-/// never changed again (no overflow stored, no "database unreachable").
+/// then the rest of the space (a segment smaller than the step) to the last ID the statement
+/// allows, then INCR and INCRBY answer `ERR tag '<tag>' has exhausted its ID space`, and the
+/// row is never changed again (no overflow stored, no "database unreachable").
 pub async fn the_end_of_the_id_space_is_refused_and_the_row_kept(server: &TestServer) {
     let tag = unique_tag("end");
     let store = server.app.segments.store();
@@ -201,8 +202,27 @@ pub async fn the_end_of_the_id_space_is_refused_and_the_row_kept(server: &TestSe
         .query_async(&mut con)
         .await
         .unwrap();
-    assert_eq!(last, i64::MAX - 50, "the whole last segment is served");
+    assert_eq!(last, i64::MAX - 50, "the whole last full segment is served");
     let expected = format!("tag '{tag}' has exhausted its ID space");
+    // The rest of the space, one by one, to the end.
+    let mut last = last;
+    loop {
+        match con.incr::<_, _, i64>(&key, 1).await {
+            Ok(id) => {
+                assert_eq!(id, last + 1, "the rest is served in order");
+                last = id;
+            }
+            Err(err) => {
+                assert!(err.to_string().contains(&expected), "{err}");
+                break;
+            }
+        }
+    }
+    // 2^63 − 1 is never handed out; SQLite's statement keeps one more back.
+    assert!(
+        [i64::MAX - 1, i64::MAX - 2].contains(&last),
+        "the last ID: {last}"
+    );
     for args in [vec!["INCR"], vec!["INCRBY", "1"], vec!["INCRBY", "500"]] {
         let mut cmd = redis::cmd(args[0]);
         cmd.arg(&key);
@@ -222,7 +242,7 @@ pub async fn the_end_of_the_id_space_is_refused_and_the_row_kept(server: &TestSe
         .unwrap();
     assert_eq!(
         row.max_id,
-        i64::MAX - 49,
+        last + 1,
         "the row is never pushed past the end (Leaf's reading: max_id is the next ID)"
     );
 }

@@ -117,7 +117,7 @@ impl LoadFailure {
     pub fn from_store(err: &StoreError) -> LoadFailure {
         match err {
             StoreError::UnknownTag(_) => LoadFailure::UnknownTag,
-            StoreError::Exhausted(_) => LoadFailure::Exhausted,
+            StoreError::Exhausted(_) | StoreError::NearEnd { .. } => LoadFailure::Exhausted,
             // Its text is the refusal itself (`IDs refused: …`), not a database failure.
             refused @ (StoreError::RuleMismatch { .. }
             | StoreError::OpaqueRefused { .. }

@@ -296,12 +296,18 @@ impl SegmentEngine {
         let started = std::time::Instant::now();
         // The range is checked against this node's high-water mark, and the new mark made
         // durable, before a single ID of it is handed out.
-        let result = match tokio::time::timeout(
-            limit,
-            self.allocate_guarded(buffer, requested_step),
-        )
-        .await
-        {
+        let near_end = |step| async move {
+            match self.allocate_guarded(buffer, step).await {
+                // A segment larger than what is left of the ID space: the rest of it, so the
+                // tag serves to its last ID (a block asks for its whole size elsewhere, never
+                // shortened).
+                Err(StoreError::NearEnd { left, .. }) => {
+                    self.allocate_guarded(buffer, Some(left)).await
+                }
+                result => result,
+            }
+        };
+        let result = match tokio::time::timeout(limit, near_end(requested_step)).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable(
                 "database did not answer in time".into(),

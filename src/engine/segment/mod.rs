@@ -87,7 +87,9 @@ impl From<StoreError> for SegmentError {
         match err {
             StoreError::UnknownTag(t) => SegmentError::UnknownTag(t),
             StoreError::TagExists(t) => SegmentError::TagExists(t),
-            StoreError::Exhausted(t) => SegmentError::Exhausted(t),
+            StoreError::Exhausted(t) | StoreError::NearEnd { tag: t, .. } => {
+                SegmentError::Exhausted(t)
+            }
             limit @ StoreError::TagLimit { .. } => SegmentError::Invalid(limit.to_string()),
             other => SegmentError::Storage(other.to_string()),
         }
