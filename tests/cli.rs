@@ -26,13 +26,13 @@ fn flags_work_after_the_subcommand_and_migrate_creates_the_schema() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out,
-        format!("created the schema in {url} (migrations 1 to 9)\n")
+        format!("created the schema in {url} (migrations 1 to 10)\n")
     );
     let (code, out, err) = leafd(&["migrate", "--storage-url", &url]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out,
-        format!("schema of {url} is up to date (migration 9)\n")
+        format!("schema of {url} is up to date (migration 10)\n")
     );
     let (code, _, err) = leafd(&[
         "migrate",

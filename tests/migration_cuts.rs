@@ -124,7 +124,7 @@ async fn mysql_a_migration_cut_at_each_statement() {
             states += 1;
         }
     }
-    assert_eq!(states, 19, "cut points tried");
+    assert_eq!(states, 21, "cut points tried");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -599,6 +599,92 @@ async fn postgres_a_trend_tag_serves_to_the_end_of_the_space() {
     a_trend_tag_serves_to_the_end_of_the_space(&url).await;
 }
 
+/// The README's steps in one checkout: a node on SQLite, then nodes on a brand-new database
+/// with the same state directory. The new database is served from 1 (its tags are new); a
+/// restored copy of the first database is still refused by that database's own marks.
+async fn marks_belong_to_their_database(second: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("data").display().to_string();
+    let first_url = format!("sqlite://{}", dir.path().join("leafd.db").display());
+    let at = |url: &str| {
+        let mut config = on(url);
+        config.storage.state_dir = state.clone();
+        config
+    };
+    let first = node(at(&first_url)).await;
+    let mut con = first.client().await;
+    assert_eq!(
+        send(&mut con, &["LEAF.TAG", "CREATE", "order", "1000"]).await,
+        Ok("OK".into())
+    );
+    assert_eq!(
+        send(&mut con, &["INCR", "segment:order"]).await,
+        Ok("1".into())
+    );
+    first.stop().await;
+    let backup = dir.path().join("backup.db");
+    std::fs::copy(dir.path().join("leafd.db"), &backup).unwrap();
+    let first = node(at(&first_url)).await;
+    let mut con = first.client().await;
+    let served = send(&mut con, &["INCRBY", "segment:order", "2500"]).await;
+    assert!(served.is_ok(), "{served:?}");
+    first.stop().await;
+    // A brand-new database beside it: served as the README shows.
+    let second_node = node(at(second)).await;
+    let mut con = second_node.client().await;
+    assert_eq!(
+        send(&mut con, &["LEAF.TAG", "CREATE", "order", "1000"]).await,
+        Ok("OK".into())
+    );
+    assert_eq!(
+        send(&mut con, &["INCR", "segment:order"]).await,
+        Ok("1".into())
+    );
+    assert_eq!(
+        send(&mut con, &["INCR", "segment:order"]).await,
+        Ok("2".into())
+    );
+    second_node.stop().await;
+    // The first database restored from its backup: still refused.
+    std::fs::copy(&backup, dir.path().join("leafd.db")).unwrap();
+    let _ = std::fs::remove_file(dir.path().join("leafd.db-wal"));
+    let _ = std::fs::remove_file(dir.path().join("leafd.db-shm"));
+    let restored = node(at(&first_url)).await;
+    let mut con = restored.client().await;
+    let refused = send(&mut con, &["INCR", "segment:order"])
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains("the database returned IDs from"),
+        "{refused}"
+    );
+    restored.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_marks_belong_to_their_database() {
+    let dir = tempfile::tempdir().unwrap();
+    marks_belong_to_their_database(&sqlite_url(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_marks_belong_to_their_database() {
+    let test = "mysql_marks_belong_to_their_database";
+    let Some(url) = Backend::MySql.fresh_database(test).await else {
+        return;
+    };
+    marks_belong_to_their_database(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_marks_belong_to_their_database() {
+    let test = "postgres_marks_belong_to_their_database";
+    let Some(url) = Backend::Postgres.fresh_database(test).await else {
+        return;
+    };
+    marks_belong_to_their_database(&url).await;
+}
+
 fn sqlite_url(dir: &tempfile::TempDir) -> String {
     format!("sqlite://{}", dir.path().join("l.db").display())
 }

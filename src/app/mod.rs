@@ -215,6 +215,8 @@ impl App {
             config.storage.marks_path(),
             config.storage.discard_unreadable_marks,
         )?;
+        // The marks of this database only (before any allocation).
+        marks.scope_to(store.identity().await?.as_ref());
         let snowflake =
             start_snowflake(&config, store.clone().worker_leases(), clock.clone()).await?;
         let app = App::build(config, store, marks, clock, snowflake);
@@ -342,7 +344,19 @@ impl App {
                     _ = app.background.cancelled() => return,
                     _ = tokio::time::sleep(backoff) => {}
                 }
-                match storage::open(&app.config.storage, app.config.storage.migrate).await {
+                let opened =
+                    match storage::open(&app.config.storage, app.config.storage.migrate).await {
+                        // The marks of this database only, before the first allocation can run.
+                        Ok(store) => match store.identity().await {
+                            Ok(identity) => {
+                                app.segments.marks().scope_to(identity.as_ref());
+                                Ok(store)
+                            }
+                            Err(e) => Err(e),
+                        },
+                        Err(e) => Err(e),
+                    };
+                match opened {
                     Ok(store) => {
                         let leases = store.clone();
                         deferred.connect(store);

@@ -363,6 +363,61 @@ where
     }
 
     /// The newest migration applied (`None` before the first, or when it cannot be read).
+    /// Writes the database's identity unless a row is there (a random id; `created`: this
+    /// start made the schema, so no ID was served from it before), then reads it back.
+    /// `None` when the table is missing (an older schema not migrated).
+    pub(crate) async fn ensure_identity(
+        pool: &Pool<DB>,
+        created: bool,
+    ) -> Result<Option<super::DbIdentity>, StoreError> {
+        let p = DB::placeholder;
+        let id = format!("{:032x}", fastrand::u128(..));
+        let insert = format!(
+            "INSERT INTO leafd_identity (slot, id, origin) VALUES (1, {}, {})",
+            p(1),
+            p(2)
+        );
+        let origin = if created { "new" } else { "upgrade" };
+        match sqlx::query(&insert)
+            .bind(id.as_str())
+            .bind(origin)
+            .execute(pool)
+            .await
+        {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {}
+            Err(e) if super::migrate::missing_table(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        Self::identity(pool).await
+    }
+
+    /// The database's identity row (`None`: no table, or no row yet).
+    pub(crate) async fn identity(pool: &Pool<DB>) -> Result<Option<super::DbIdentity>, StoreError> {
+        let rows = match sqlx::query("SELECT id, origin FROM leafd_identity WHERE slot = 1")
+            .fetch_all(pool)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) if super::migrate::missing_table(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let (id, origin): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+        // An id is what leafd writes: a value edited into something else names no database.
+        if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(StoreError::Unavailable(format!(
+                "leafd_identity holds the id '{id}', which no leafd wrote: restore the row, or delete it so the next start writes a new one (the marks of the old id then no longer apply)"
+            )));
+        }
+        Ok(Some(super::DbIdentity {
+            id,
+            inherits: origin != "new",
+        }))
+    }
+
     pub(crate) async fn schema_version(pool: &Pool<DB>) -> Option<i64> {
         let row = sqlx::query("SELECT MAX(version) FROM _sqlx_migrations")
             .fetch_one(pool)

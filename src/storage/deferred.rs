@@ -56,6 +56,10 @@ impl SegmentStore for DeferredStore {
         self.store()?.allocate_many(requests).await
     }
 
+    async fn identity(&self) -> Result<Option<super::DbIdentity>, StoreError> {
+        self.store()?.identity().await
+    }
+
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
         self.store()?.list().await
     }

@@ -231,6 +231,10 @@ impl SegmentStore for MemoryStore {
         None
     }
 
+    async fn identity(&self) -> Result<Option<super::DbIdentity>, StoreError> {
+        Ok(None)
+    }
+
     fn backend(&self) -> &'static str {
         "memory"
     }

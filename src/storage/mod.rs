@@ -28,6 +28,16 @@ use async_trait::async_trait;
 
 use crate::config::StorageConfig;
 
+/// What names one database for the segment marks ([`SegmentStore::identity`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbIdentity {
+    /// Random, written once by the first node that found the table empty.
+    pub id: String,
+    /// The row was added to a schema that may have served IDs before ids were kept (an
+    /// upgrade, or a restore of a backup from before it): every mark the node holds applies.
+    pub inherits: bool,
+}
+
 /// The bounds of a tag rule's values, the configuration's, for the rules admin commands and rows
 /// carry too.
 pub use crate::config::{zone_names_a_place, MAX_ID_DELTA};
@@ -163,6 +173,12 @@ pub trait SegmentStore: Send + Sync + 'static {
     /// table), so `leafd migrate` can say what it did. (No default, as no method here has one:
     /// a wrapper that forgot to forward a defaulted method broke LEAF.WORKERS once.)
     async fn schema_version(&self) -> Option<i64>;
+
+    /// The database's identity (`leafd_identity`), which a backup and a restore keep and a new
+    /// database does not have: the node's segment marks are kept per identity. `None`: a
+    /// schema without the table (`storage.migrate = false` on an older one) or a store that
+    /// is no database.
+    async fn identity(&self) -> Result<Option<DbIdentity>, StoreError>;
 
     /// A short name of the backend for logs and INFO (`sqlite`, `mysql`, `postgres`, `memory`).
     fn backend(&self) -> &'static str;

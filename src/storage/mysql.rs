@@ -54,6 +54,7 @@ impl MySqlStore {
                 .record_new_lease_table()
                 .await?;
         }
+        SharedSql::<sqlx::MySql>::ensure_identity(&pool, created).await?;
         Ok(MySqlStore { pool, galera })
     }
 }

@@ -139,6 +139,10 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
         self.inner.backend()
     }
 
+    async fn identity(&self) -> Result<Option<super::DbIdentity>, StoreError> {
+        self.run(|s| async move { s.identity().await }).await
+    }
+
     async fn schema_version(&self) -> Option<i64> {
         self.run(|s| async move { Ok(s.schema_version().await) })
             .await

@@ -45,6 +45,7 @@ impl PostgresStore {
                 .record_new_lease_table()
                 .await?;
         }
+        SharedSql::<sqlx::Postgres>::ensure_identity(&pool, created).await?;
         Ok(PostgresStore { pool })
     }
 }

@@ -133,6 +133,10 @@ where
         SharedSql::schema_version(self.pool()).await
     }
 
+    async fn identity(&self) -> Result<Option<super::DbIdentity>, StoreError> {
+        SharedSql::identity(self.pool()).await
+    }
+
     fn backend(&self) -> &'static str {
         DB::BACKEND
     }

@@ -76,6 +76,7 @@ impl SqliteStore {
                 .record_new_lease_table()
                 .await?;
         }
+        SharedSql::<sqlx::Sqlite>::ensure_identity(&pool, created).await?;
         Ok(SqliteStore {
             pool,
             writes: tokio::sync::Mutex::new(()),

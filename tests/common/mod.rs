@@ -402,6 +402,10 @@ impl SegmentStore for FlakyStore {
         self.inner.schema_version().await
     }
 
+    async fn identity(&self) -> Result<Option<leafd::storage::DbIdentity>, StoreError> {
+        self.inner.identity().await
+    }
+
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }

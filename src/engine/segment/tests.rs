@@ -185,6 +185,9 @@ impl SegmentStore for SlowStore {
     async fn schema_version(&self) -> Option<i64> {
         None
     }
+    async fn identity(&self) -> Result<Option<crate::storage::DbIdentity>, StoreError> {
+        Ok(None)
+    }
     fn worker_leases(
         self: std::sync::Arc<Self>,
     ) -> Option<std::sync::Arc<dyn crate::storage::WorkerLeaseStore>> {

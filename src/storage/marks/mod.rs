@@ -37,6 +37,19 @@ pub struct SegmentMarks {
     known_len: Arc<AtomicU64>,
     /// The files (`None`: marks kept in memory only); one write at a time.
     writer: tokio::sync::Mutex<Option<Journal>>,
+    /// The database the marks are of ([`SegmentMarks::scope_to`]).
+    scope: std::sync::RwLock<Scope>,
+}
+
+/// Which marks apply: those recorded under the database's identity (keys `"<id> <tag>"`; a tag
+/// has no space), and, for an identity that inherits them, every other mark of the tag.
+#[derive(Default)]
+struct Scope {
+    /// `"<id> "`; empty for a store without an identity (keys are the tags themselves).
+    prefix: String,
+    /// Per tag, the highest mark recorded under another identity or before identities were
+    /// kept (empty unless the identity inherits them).
+    inherited: HashMap<String, i64>,
 }
 
 #[derive(Default)]
@@ -95,6 +108,7 @@ impl SegmentMarks {
                 ..Marks::default()
             }),
             writer: tokio::sync::Mutex::new(Some(opened.journal)),
+            scope: Default::default(),
         }))
     }
 
@@ -106,16 +120,52 @@ impl SegmentMarks {
             known_len: Arc::new(AtomicU64::new(0)),
             state: Mutex::new(Marks::default()),
             writer: tokio::sync::Mutex::new(None),
+            scope: Default::default(),
         })
+    }
+
+    /// Keeps the marks of the database `identity` names from now on (before any allocation):
+    /// a new database is served whatever the marks of others say, a restored one is refused by
+    /// its own; an identity that inherits (added to an older schema) is refused by every mark
+    /// of the tag, whichever database it was recorded for. `None` (a store without an
+    /// identity): marks by tag alone, as before identities were kept.
+    pub fn scope_to(&self, identity: Option<&super::DbIdentity>) {
+        let mut scope = Scope::default();
+        if let Some(identity) = identity {
+            scope.prefix = format!("{} ", identity.id);
+            if identity.inherits {
+                let state = self.lock();
+                for (key, mark) in &state.marks {
+                    if !key.starts_with(&scope.prefix) {
+                        let tag = key.split_once(' ').map_or(key.as_str(), |(_, tag)| tag);
+                        raise(&mut scope.inherited, tag, *mark);
+                    }
+                }
+            }
+        }
+        *self.scope.write().unwrap_or_else(|p| p.into_inner()) = scope;
+    }
+
+    /// The key `tag`'s marks are kept under for this database.
+    fn key(&self, tag: &str) -> String {
+        let scope = self.scope.read().unwrap_or_else(|p| p.into_inner());
+        format!("{}{tag}", scope.prefix)
+    }
+
+    fn inherited(&self, tag: &str) -> Option<i64> {
+        let scope = self.scope.read().unwrap_or_else(|p| p.into_inner());
+        scope.inherited.get(tag).copied()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Marks> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The highest `max_id` this node loaded for `tag`.
+    /// The highest `max_id` this node loaded for `tag` from this database (or any, for an
+    /// identity that inherits: [`SegmentMarks::scope_to`]).
     pub fn get(&self, tag: &str) -> Option<i64> {
-        self.lock().marks.get(tag).copied()
+        let own = self.lock().marks.get(&self.key(tag)).copied();
+        own.max(self.inherited(tag))
     }
 
     /// The highest mark of `tag` other processes sharing the directory made durable so far:
@@ -138,7 +188,7 @@ impl SegmentMarks {
                 .await
                 .map_err(|e| format!("segment marks: reading the log failed: {e}"))??;
         }
-        Ok(self.lock().read.get(tag).copied())
+        Ok(self.lock().read.get(&self.key(tag)).copied())
     }
 
     /// Reads what other processes appended to the log since this one last looked.
@@ -209,10 +259,11 @@ impl SegmentMarks {
     /// rises in memory at once, also when the write fails (a full disk); a failed write's
     /// marks go out with the next one.
     pub async fn record(self: &Arc<Self>, tag: &str, max_id: i64) -> Result<(), String> {
+        let key = self.key(tag);
         let ticket = {
             let mut state = self.lock();
-            raise(&mut state.marks, tag, max_id);
-            raise(&mut state.pending, tag, max_id);
+            raise(&mut state.marks, &key, max_id);
+            raise(&mut state.pending, &key, max_id);
             state.issued += 1;
             state.issued
         };
@@ -661,6 +712,43 @@ mod tests {
         std::fs::write(log_of(&path), b"{\"after\":3}\n").unwrap();
         let text = SegmentMarks::open(&path, false).err().unwrap().to_string();
         assert!(text.contains("follows snapshot 3"), "{text}");
+    }
+
+    /// Marks are kept per database: a new one (an identity made with its schema) is not
+    /// refused by another's marks, a restored one is by its own, and one whose identity was
+    /// added to an older schema by every mark the node holds.
+    #[tokio::test(flavor = "current_thread")]
+    async fn marks_belong_to_the_database_they_came_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment-marks.json");
+        let id = |id: &str, inherits| crate::storage::DbIdentity {
+            id: id.into(),
+            inherits,
+        };
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        marks.record("order", 100).await.unwrap(); // before identities were kept
+        marks.scope_to(Some(&id("a1", false)));
+        marks.record("order", 3000).await.unwrap();
+        marks.record("pay", 7).await.unwrap();
+        assert_eq!(marks.get("order"), Some(3000));
+        drop(marks);
+        let reopened = SegmentMarks::open(&path, false).unwrap();
+        reopened.scope_to(Some(&id("b2", false)));
+        assert_eq!((reopened.get("order"), reopened.get("pay")), (None, None));
+        reopened.record("order", 50).await.unwrap();
+        reopened.scope_to(Some(&id("a1", false)));
+        assert_eq!(
+            (reopened.get("order"), reopened.get("pay")),
+            (Some(3000), Some(7))
+        );
+        let again = SegmentMarks::open(&path, false).unwrap();
+        again.scope_to(Some(&id("c3", true)));
+        assert_eq!(
+            (again.get("order"), again.get("pay")),
+            (Some(3000), Some(7))
+        );
+        again.scope_to(None);
+        assert_eq!(again.get("order"), Some(100), "the marks by tag alone");
     }
 
     #[tokio::test(flavor = "current_thread")]
