@@ -439,6 +439,11 @@ async fn a_refused_node_moves_no_row(url: &str) {
             "op",
             "IDs refused: tag 'op' serves opaque IDs (d10:",
         ),
+        (
+            on(url),
+            "op",
+            "plain IDs refused: the tag served opaque IDs of 10 digits",
+        ),
     ] {
         let sql = format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = '{tag}'");
         let before = row_i64(url, &sql).await;
@@ -650,6 +655,21 @@ async fn marks_belong_to_their_database(second: &str) {
     let _ = std::fs::remove_file(dir.path().join("leafd.db-wal"));
     let _ = std::fs::remove_file(dir.path().join("leafd.db-shm"));
     let restored = node(at(&first_url)).await;
+    let mut con = restored.client().await;
+    let refused = send(&mut con, &["INCR", "segment:order"])
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains("the database returned IDs from"),
+        "{refused}"
+    );
+    restored.stop().await;
+    // The same copy without its identity table (a backup from before it), on a node that does
+    // not migrate: every mark of the tag applies, whichever database it was recorded for.
+    raw(&first_url, "DROP TABLE leafd_identity").await;
+    let mut config = at(&first_url);
+    config.storage.migrate = false;
+    let restored = node(config).await;
     let mut con = restored.client().await;
     let refused = send(&mut con, &["INCR", "segment:order"])
         .await

@@ -38,6 +38,14 @@ pub enum StoreError {
     /// which opaque IDs cannot follow; the row was left as it was (no marker written).
     #[error("opaque IDs refused: tag '{tag}' records {recorded}, and opaque IDs are served in trend order only; nothing was written to its row: serve the tag as its row records it, or give the opaque use a tag of its own")]
     OpaqueRefused { tag: String, recorded: String },
+    /// A node without the tag's opaque key would serve plain IDs below the end of the opaque
+    /// range, which could repeat opaque IDs served; the row was left as it was.
+    #[error("plain IDs refused: the tag served opaque IDs of {digits} digits ({marker}), and plain IDs below {past} could repeat them; configure it opaque again, or LEAF.TAG SKIP it past {past}")]
+    PlainBelowOpaque {
+        marker: String,
+        digits: u32,
+        past: i64,
+    },
     /// The allocation's step (the row's, or the one asked for) is below 1: a row edited by hand
     /// would move backwards or not at all; the row was left as it was.
     #[error("IDs refused: tag '{tag}' would be allocated with step {step} (its row's step, or one derived from it), and a step below 1 moves the row back or not at all; nothing was taken: set a step of 1 or more with LEAF.TAG STEP {tag} <n>")]
@@ -259,6 +267,17 @@ pub(crate) fn refused_rule(
     serves: &Serves,
     max_id: i64,
 ) -> Option<StoreError> {
+    if let (Serves::Trend { opaque: false, .. }, Some(marker)) = (serves, opaque) {
+        let digits = super::opaque_digits(marker).unwrap_or(super::OPAQUE_MAX_DIGITS);
+        let past = 10i64.pow(digits);
+        if max_id < past {
+            return Some(StoreError::PlainBelowOpaque {
+                marker: marker.to_string(),
+                digits,
+                past,
+            });
+        }
+    }
     (!rule_admits(recorded, opaque, serves)).then(|| StoreError::RuleMismatch {
         tag: tag.to_string(),
         recorded: recorded.unwrap_or_default().to_string(),

@@ -64,6 +64,21 @@ impl Serves {
     }
 }
 
+/// Fewest and most decimal digits an opaque ID may have (10^18 still fits an `i64`).
+pub const OPAQUE_MIN_DIGITS: u32 = 4;
+pub const OPAQUE_MAX_DIGITS: u32 = 18;
+
+/// The digit count an opaque key's marker names (`d10:…` → 10); `None` for anything else.
+pub fn opaque_digits(marker: &str) -> Option<u32> {
+    marker
+        .strip_prefix('d')?
+        .split(':')
+        .next()?
+        .parse()
+        .ok()
+        .filter(|d| (OPAQUE_MIN_DIGITS..=OPAQUE_MAX_DIGITS).contains(d))
+}
+
 /// A residue class as a row records it (`<delta>:<remainder>`, delta at least 1 and the
 /// remainder below it); `None` for anything else.
 pub fn parse_split(marker: &str) -> Option<(i64, i64)> {

@@ -133,19 +133,8 @@ fn opaque_range_check(buffer: &TagBuffer, alloc: &LeafAlloc) -> Result<(), LoadF
         // Past the last position with an opaque ID: no further range is worth loading.
         (Some(cipher), _) if from >= cipher.capacity() => Err(LoadFailure::Exhausted),
         (Some(cipher), stored) => opaque_claim_result(cipher, stored, alloc.max_id),
-        (None, Some(marker)) => {
-            let digits = super::opaque::marker_digits(marker).unwrap_or(super::opaque::MAX_DIGITS);
-            let past_opaque = 10i64.pow(digits);
-            if from >= past_opaque {
-                return Ok(());
-            }
-            Err(LoadFailure::Unavailable(
-                format!(
-                    "plain IDs refused: the tag served opaque IDs of {digits} digits ({marker}), and plain IDs below {past_opaque} could repeat them; configure it opaque again, or LEAF.TAG SKIP it past {past_opaque}"
-                )
-                .into(),
-            ))
-        }
-        (None, None) => Ok(()),
+        // A plain node on a row with an opaque key: refused by the allocation's statement
+        // while its range could reach the opaque IDs (`StoreError::PlainBelowOpaque`).
+        (None, _) => Ok(()),
     }
 }

@@ -121,7 +121,10 @@ impl LoadFailure {
             // Its text is the refusal itself (`IDs refused: …`), not a database failure.
             refused @ (StoreError::RuleMismatch { .. }
             | StoreError::OpaqueRefused { .. }
-            | StoreError::BadStep { .. }) => LoadFailure::Unavailable(refused.to_string().into()),
+            | StoreError::BadStep { .. }
+            | StoreError::PlainBelowOpaque { .. }) => {
+                LoadFailure::Unavailable(refused.to_string().into())
+            }
             other => LoadFailure::Unavailable(store_reason(other).into()),
         }
     }

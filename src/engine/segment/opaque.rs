@@ -10,9 +10,10 @@ use ring::hmac;
 
 /// Feistel rounds: as many as NIST's FF1 uses, well past the four Luby–Rackoff needs.
 const ROUNDS: u8 = 10;
-/// Fewest and most decimal digits an opaque ID may have (10^18 still fits an `i64`).
-pub const MIN_DIGITS: u32 = 4;
-pub const MAX_DIGITS: u32 = 18;
+pub use crate::storage::{
+    opaque_digits as marker_digits, OPAQUE_MAX_DIGITS as MAX_DIGITS,
+    OPAQUE_MIN_DIGITS as MIN_DIGITS,
+};
 
 /// The permutation of one tag under one key.
 pub struct OpaqueCipher {
@@ -132,17 +133,6 @@ impl OpaqueCipher {
         let tag = hmac::sign(&self.key, &input);
         u64::from_le_bytes(tag.as_ref()[..8].try_into().expect("SHA-256 has 32 bytes"))
     }
-}
-
-/// The digit count a stored marker names (`d10:…` → 10).
-pub fn marker_digits(marker: &str) -> Option<u32> {
-    marker
-        .strip_prefix('d')?
-        .split(':')
-        .next()?
-        .parse()
-        .ok()
-        .filter(|d| (MIN_DIGITS..=MAX_DIGITS).contains(d))
 }
 
 #[cfg(test)]

@@ -127,19 +127,20 @@ impl SegmentMarks {
     /// Keeps the marks of the database `identity` names from now on (before any allocation):
     /// a new database is served whatever the marks of others say, a restored one is refused by
     /// its own; an identity that inherits (added to an older schema) is refused by every mark
-    /// of the tag, whichever database it was recorded for. `None` (a store without an
-    /// identity): marks by tag alone, as before identities were kept.
+    /// of the tag, whichever database it was recorded for. `None` (a schema without the
+    /// identity table: `storage.migrate = false` on an older one, or a restore of a backup from
+    /// before it): marks by tag alone, refused by every mark of the tag too.
     pub fn scope_to(&self, identity: Option<&super::DbIdentity>) {
         let mut scope = Scope::default();
         if let Some(identity) = identity {
             scope.prefix = format!("{} ", identity.id);
-            if identity.inherits {
-                let state = self.lock();
-                for (key, mark) in &state.marks {
-                    if !key.starts_with(&scope.prefix) {
-                        let tag = key.split_once(' ').map_or(key.as_str(), |(_, tag)| tag);
-                        raise(&mut scope.inherited, tag, *mark);
-                    }
+        }
+        if identity.is_none_or(|identity| identity.inherits) {
+            let state = self.lock();
+            for (key, mark) in &state.marks {
+                if !key.starts_with(&scope.prefix) || scope.prefix.is_empty() {
+                    let tag = key.split_once(' ').map_or(key.as_str(), |(_, tag)| tag);
+                    raise(&mut scope.inherited, tag, *mark);
                 }
             }
         }
@@ -747,8 +748,13 @@ mod tests {
             (again.get("order"), again.get("pay")),
             (Some(3000), Some(7))
         );
+        // A database without an identity: every mark of the tag (a restore of a backup from
+        // before identities, on a node that does not migrate).
         again.scope_to(None);
-        assert_eq!(again.get("order"), Some(100), "the marks by tag alone");
+        assert_eq!(
+            (again.get("order"), again.get("pay")),
+            (Some(3000), Some(7))
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
