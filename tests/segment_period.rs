@@ -172,9 +172,10 @@ async fn postgres_a_day_boundary_with_clocks_a_second_apart() {
     a_day_boundary_with_clocks_a_second_apart(&url).await;
 }
 
-/// The row records the calendar and digits of the first node's rule: a node configured with
-/// other digits, another calendar, or no period at all reads the row's positions as other IDs
-/// (some already served), so it hands out none; the first rule's nodes go on above.
+/// The row records the first node's rule: a node configured with other digits, another
+/// calendar, or no period at all reads the row's positions as other IDs (some already served),
+/// one in another time zone would date them otherwise, so it hands out none; the first rule's
+/// nodes go on above.
 async fn a_changed_rule_hands_out_nothing(url: &str) {
     let clock = Arc::new(ManualClock::new(BEFORE_MIDNIGHT_MS));
     let with = |edit: fn(&mut TagSeed)| {
@@ -193,6 +194,9 @@ async fn a_changed_rule_hands_out_nothing(url: &str) {
     assert_eq!(incrby(&mut ca, 2).await.unwrap(), 202612040002);
     let other_digits = with(|t| t.sequence_digits = 3).await;
     let monthly = with(|t| t.period = Some(Period::Monthly)).await;
+    // Another zone would open the next period hours before the row's nodes (which would then
+    // refuse the row until their own midnight): refused as well.
+    let utc = with(|t| t.time_zone = "UTC".into()).await;
     let plain = with(|t| *t = TagSeed::new("ord", 10)).await;
     let strict = with(|t| {
         *t = TagSeed {
@@ -209,6 +213,10 @@ async fn a_changed_rule_hands_out_nothing(url: &str) {
         (
             &monthly,
             "records the period rule period:daily:4:Asia/Shanghai:ORD and this node's is period:monthly:4",
+        ),
+        (
+            &utc,
+            "records the period rule period:daily:4:Asia/Shanghai:ORD and this node's is period:daily:4:UTC",
         ),
         (
             &plain,
@@ -228,7 +236,12 @@ async fn a_changed_rule_hands_out_nothing(url: &str) {
     // The refused nodes moved nothing (their allocations and raises are refused by the
     // database before the row moves): the first rule's node goes on with the next number.
     assert_eq!(incrby(&mut ca, 1).await.unwrap(), 202612040003);
-    for server in [a, other_digits, monthly, plain, strict] {
+    // The prefix only changes the string form: a node with another one serves the same row.
+    let other_prefix = with(|t| t.prefix = "INV".into()).await;
+    let mut cp = other_prefix.client().await;
+    assert_eq!(incrby(&mut cp, 1).await.unwrap(), 202612040004);
+    assert_eq!(incrby(&mut ca, 1).await.unwrap(), 202612040005);
+    for server in [a, other_digits, monthly, utc, plain, strict, other_prefix] {
         server.stop().await;
     }
 }

@@ -122,11 +122,18 @@ fn refused_start(dir: &std::path::Path) -> String {
 }
 
 /// A restore beside a marks log damaged from its first byte (or by one line that does not
-/// parse) is refused at start, never served from the marks left: the node had served IDs up to
-/// the INCRBY block and the 300 INCRs after it before it was killed.
+/// parse), emptied or deleted is refused at start, never served from the marks left: the node
+/// had served IDs up to the INCRBY block and the 300 INCRs after it before it was killed.
 #[test]
 fn a_damaged_marks_log_is_refused_with_a_restored_database() {
-    for damage in [&b"garbage"[..], b"[\"t\",12x]\n", b"\n"] {
+    // `None`: the log is deleted.
+    for damage in [
+        Some(&b"garbage"[..]),
+        Some(b"[\"t\",12x]\n"),
+        Some(b"\n"),
+        Some(b""),
+        None,
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let backup = dir.path().join("backup");
         let node = Node::start(dir.path());
@@ -157,14 +164,17 @@ fn a_damaged_marks_log_is_refused_with_a_restored_database() {
         copy_db(&backup, dir.path());
         let log = dir.path().join("segment-marks.json.log");
         assert!(log.exists(), "the killed node's marks are in the log");
-        std::fs::write(&log, damage).unwrap();
+        match damage {
+            Some(bytes) => std::fs::write(&log, bytes).unwrap(),
+            None => std::fs::remove_file(&log).unwrap(),
+        }
         let refused = refused_start(dir.path());
         assert!(
             refused.starts_with("leafd: ")
                 && refused.contains("segment-marks.json.log")
                 && refused.contains("storage.discard_unreadable_marks"),
             "{:?}: {refused}",
-            String::from_utf8_lossy(damage)
+            damage.map(String::from_utf8_lossy)
         );
     }
 }

@@ -470,7 +470,7 @@ async fn a_refused_node_moves_no_row(url: &str) {
         .await
         .unwrap_err();
     assert!(
-        refused.contains(") and this node's rule for it is period:daily:6; its record would refuse every opaque node from then on; give this use a tag of its own"),
+        refused.contains(") and this node's rule for it is period:daily:6:UTC; its record would refuse every opaque node from then on; give this use a tag of its own"),
         "{refused}"
     );
     period_node.stop().await;

@@ -226,7 +226,10 @@ where
     ) -> Result<i64, StoreError> {
         let p = DB::placeholder;
         let (guarded, read) = &raise_sql(p);
-        let like = format!("{marker}:%");
+        // The statement compares the calendar and digits; the time zone is checked on the row
+        // it read, and a refusal rolls the raise back.
+        let position = super::position_marker(marker);
+        let like = format!("{position}:%");
         let like = &like;
         committed(pool, |mut tx| async move {
             sqlx::query(guarded)
@@ -235,7 +238,7 @@ where
                 .bind(floor)
                 .bind(floor)
                 .bind(tag)
-                .bind(marker)
+                .bind(position)
                 .bind(like.as_str())
                 .execute(&mut *tx)
                 .await?;

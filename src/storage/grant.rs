@@ -25,11 +25,35 @@ pub struct NewTag {
 pub const PERIOD_RECORD: &str = "period:";
 
 /// Whether the rule a row records (`period:daily:6`, or with the time zone and prefix after
-/// it) is the period rule `marker` names: the calendar and digits decide which ID a position is.
+/// it) is the period rule `marker` names (`period:daily:6`, or with the node's time zone
+/// after it): the calendar and digits decide which ID a position is, the time zone which
+/// date a position is served on, so both must agree where both name one. The prefix only
+/// changes the string form and may differ.
 pub fn same_rule(recorded: &str, marker: &str) -> bool {
-    recorded
-        .strip_prefix(marker)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'))
+    fn fields(rule: &str) -> Option<(&str, &str, Option<&str>)> {
+        let mut parts = rule.strip_prefix(PERIOD_RECORD)?.splitn(4, ':');
+        Some((parts.next()?, parts.next()?, parts.next()))
+    }
+    match (fields(recorded), fields(marker)) {
+        (Some((cal, digits, zone)), Some((my_cal, my_digits, my_zone))) => {
+            cal == my_cal
+                && digits == my_digits
+                && zone.zip(my_zone).is_none_or(|(zone, mine)| zone == mine)
+        }
+        _ => false,
+    }
+}
+
+/// The calendar and digits of a period marker (`period:daily:6:UTC` → `period:daily:6`), what
+/// the statements compare with a row's record; the time zone is checked on what they read.
+pub fn position_marker(marker: &str) -> &str {
+    let Some(rest) = marker.strip_prefix(PERIOD_RECORD) else {
+        return marker;
+    };
+    match rest.match_indices(':').nth(1) {
+        Some((at, _)) => &marker[..PERIOD_RECORD.len() + at],
+        None => marker,
+    }
 }
 
 /// How a strict tag's row records its order in its `split` column.
@@ -50,15 +74,17 @@ pub enum Serves {
     },
     /// Strict order across the cluster.
     Strict,
-    /// A period's sequence under the rule its marker names (`period:daily:6`).
+    /// A period's sequence under the rule its marker names (`period:daily:6`, with the node's
+    /// time zone after it when it serves the tag: `period:daily:6:Asia/Shanghai`).
     Period(Arc<str>),
 }
 
 impl Serves {
-    /// The period marker, for the statements that check a period record themselves.
+    /// The period marker's calendar and digits, for the statements that check a period record
+    /// themselves ([`position_marker`]).
     pub fn period_marker(&self) -> Option<&str> {
         match self {
-            Serves::Period(marker) => Some(marker),
+            Serves::Period(marker) => Some(position_marker(marker)),
             _ => None,
         }
     }
@@ -284,6 +310,25 @@ mod tests {
             assert!(rule_admits(None, None, serves), "{serves:?}");
         }
         assert!(rule_admits(Some("period:daily:6:UTC:ORD"), None, &period));
+        let shanghai = Serves::Period("period:daily:6:Asia/Shanghai".into());
+        assert!(rule_admits(Some("period:daily:6"), None, &shanghai));
+        assert!(rule_admits(
+            Some("period:daily:6:Asia/Shanghai:"),
+            None,
+            &shanghai
+        ));
+        assert!(!rule_admits(
+            Some("period:daily:6:UTC:ORD"),
+            None,
+            &shanghai
+        ));
+        assert!(!rule_admits(
+            Some("period:daily:6:Asia/Shanghai2:"),
+            None,
+            &shanghai
+        ));
+        assert_eq!(shanghai.period_marker(), Some("period:daily:6"));
+        assert_eq!(period.period_marker(), Some("period:daily:6"));
         assert!(!rule_admits(Some("period:daily:60:UTC:"), None, &period));
         assert!(!rule_admits(Some("period:daily:6"), None, &trend(None)));
         assert!(!rule_admits(Some("period:daily:6"), None, &Serves::Strict));

@@ -48,8 +48,9 @@ pub(crate) use error::{check_step, opaque_claimable, refused_rule};
 use error::{insert_error, not_allocated};
 pub use failover::FailoverSkip;
 pub use grant::{
-    class_within, opaque_digits, parse_split, rule_admits, same_rule, Grant, LeafAlloc, NewTag,
-    SeenRow, Serves, Window, OPAQUE_MAX_DIGITS, OPAQUE_MIN_DIGITS, PERIOD_RECORD, STRICT_RECORD,
+    class_within, opaque_digits, parse_split, position_marker, rule_admits, same_rule, Grant,
+    LeafAlloc, NewTag, SeenRow, Serves, Window, OPAQUE_MAX_DIGITS, OPAQUE_MIN_DIGITS,
+    PERIOD_RECORD, STRICT_RECORD,
 };
 pub use marks::SegmentMarks;
 pub use memory::MemoryStore;

@@ -117,7 +117,7 @@ impl SegmentEngine {
     fn period_row_refusal(&self, row: &crate::storage::LeafAlloc) -> Option<String> {
         let recorded = row.split.as_deref();
         let same = |rule: &super::PeriodRule| {
-            recorded.is_none_or(|r| super::period::same_rule(r, &rule.marker()))
+            recorded.is_none_or(|r| super::period::same_rule(r, &rule.served_marker()))
         };
         let rule = match self.settings.period.get(&row.tag).filter(|r| same(r)) {
             Some(rule) => rule.clone(),
@@ -155,7 +155,7 @@ impl SegmentEngine {
         // restore lost are of the period the cluster is in, not of the row's older one.
         let known = self.buffer_of(tag);
         let same = |rule: &super::PeriodRule| {
-            recorded.is_none_or(|r| super::period::same_rule(r, &rule.marker()))
+            recorded.is_none_or(|r| super::period::same_rule(r, &rule.served_marker()))
         };
         if let Some(rule) = known
             .as_ref()
@@ -163,7 +163,7 @@ impl SegmentEngine {
             .filter(|r| same(r))
         {
             let floor = rule.first_position(rule.period_at(self.clock.now_millis()));
-            let marker = rule.marker();
+            let marker = rule.served_marker();
             retry_conflicts(|| self.store.raise(tag, floor, &marker)).await?;
         }
         let mut wanted = n;

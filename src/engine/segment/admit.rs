@@ -54,7 +54,9 @@ impl SegmentEngine {
         let recorded = alloc.split.as_deref();
         let claimed = match (&buffer.kind, recorded) {
             // Recorded as this node serves it (a period record with its zone and prefix).
-            (TagKind::Period(rule), Some(r)) if same_rule(r, &rule.marker()) => return Ok(Ok(())),
+            (TagKind::Period(rule), Some(r)) if same_rule(r, &rule.served_marker()) => {
+                return Ok(Ok(()))
+            }
             (_, r) if r == mine.as_deref() => return Ok(Ok(())),
             // A row without a record, or a split wider than this node's: recorded as this node
             // serves it, unless another node recorded something else first. (Any other record

@@ -218,7 +218,7 @@ impl SegmentEngine {
     pub(super) fn serves(&self, buffer: &TagBuffer) -> crate::storage::Serves {
         use crate::storage::Serves;
         match &buffer.kind {
-            TagKind::Period(rule) => Serves::Period(rule.marker().into()),
+            TagKind::Period(rule) => Serves::Period(rule.served_marker().into()),
             TagKind::Strict => Serves::Strict,
             TagKind::Trend { opaque } => Serves::Trend {
                 split: buffer.lock().interleave.marker().map(Into::into),

@@ -29,10 +29,8 @@ pub fn window_of_marker(recorded: Option<&str>) -> Option<crate::storage::Window
 /// The part of a row's period record that decides what a position means
 /// (`period:daily:6` of `period:daily:6:Asia/Shanghai:ORD`); `None` for a row without one.
 pub fn marker_of_record(recorded: Option<&str>) -> Option<String> {
-    let rule = recorded?.strip_prefix(PERIOD_MARKER)?;
-    let mut parts = rule.split(':');
-    let (calendar, digits) = (parts.next()?, parts.next()?);
-    Some(format!("{PERIOD_MARKER}{calendar}:{digits}"))
+    let recorded = recorded.filter(|r| r.starts_with(PERIOD_MARKER))?;
+    Some(crate::storage::position_marker(recorded).to_string())
 }
 
 /// The calendar unit a period tag's sequence restarts on.
@@ -198,7 +196,7 @@ impl PeriodRule {
     /// statements, which refuse it before it moves.
     pub fn refuse_row(&self, position: i64, recorded: Option<&str>, now_ms: u64) -> Option<String> {
         let record = recorded.filter(|r| r.starts_with(PERIOD_MARKER));
-        if record.is_some_and(|r| !same_rule(r, &self.marker())) {
+        if record.is_some_and(|r| !same_rule(r, &self.served_marker())) {
             None
         } else if self.period_of(position) >= self.period_at(now_ms) {
             self.refuse_position(position, now_ms)
@@ -211,9 +209,17 @@ impl PeriodRule {
 
     /// What the tag's row records of this rule (in its `split` column, which a period tag does
     /// not otherwise use): the calendar and the digits, the two that decide which ID a row
-    /// position is. The time zone only moves period boundaries, so it may change.
+    /// position is ([`PeriodRule::served_marker`] adds the time zone).
     pub fn marker(&self) -> String {
         format!("{PERIOD_MARKER}{}:{}", self.calendar.name(), self.digits)
+    }
+
+    /// How this node serves the tag, what a row's record must agree with
+    /// ([`crate::storage::same_rule`]): the marker and the time zone, which decides the date a
+    /// position is served on (`period:daily:6:Asia/Shanghai`). A node in another zone would open
+    /// the next period hours before the others, which then refuse the row until their midnight.
+    pub fn served_marker(&self) -> String {
+        format!("{}:{}", self.marker(), self.zone_name)
     }
 
     /// What a row records of the whole rule: [`PeriodRule::marker`], then the time zone and the
@@ -360,6 +366,20 @@ mod tests {
         assert!(same_rule(&daily.record(), "period:daily:6"));
         assert!(same_rule("period:daily:6", "period:daily:6"));
         assert!(!same_rule("period:daily:60", "period:daily:6"));
+        // The zone decides which date a position is served on: it must agree where both name it.
+        assert_eq!(daily.served_marker(), "period:daily:6:Asia/Shanghai");
+        assert!(same_rule(&daily.record(), &daily.served_marker()));
+        assert!(same_rule("period:daily:6", &daily.served_marker()));
+        assert!(!same_rule("period:daily:6:UTC:ORD", &daily.served_marker()));
+        assert!(!same_rule(
+            "period:monthly:6:Asia/Shanghai:",
+            &daily.served_marker()
+        ));
+        assert_eq!(
+            marker_of_record(Some("period:daily:6:UTC:ORD")).as_deref(),
+            Some("period:daily:6")
+        );
+        assert_eq!(marker_of_record(Some("2:0")), None);
         assert!(PeriodRule::from_record("period:daily:6").is_none());
         assert!(PeriodRule::from_record("period:daily:12:UTC:").is_none());
         assert!(PeriodRule::from_record("period:daily:6:Mars/Base:").is_none());

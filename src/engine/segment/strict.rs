@@ -271,7 +271,7 @@ impl SegmentEngine {
             self.refuse_row(buffer, row.max_id, refusal)?;
         }
         let floor = rule.first_position(now);
-        let marker = rule.marker();
+        let marker = rule.served_marker();
         let raised =
             super::admin::retry_conflicts(|| self.store.raise(&buffer.name, floor, &marker)).await;
         match raised {

@@ -27,6 +27,58 @@ struct Header {
     after: u64,
 }
 
+/// What the lock file holds besides its lock: the log's length (and the snapshot it followed)
+/// after the last append or compaction, written once the log's bytes were synced. A log that
+/// ends before it, or is gone, lost lines a crash cannot lose: whole marks, cut or deleted.
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq, Eq, Clone, Copy)]
+pub(super) struct Tail {
+    pub after: u64,
+    pub len: u64,
+}
+
+/// The tail record is written at the lock file's start as one write of this many bytes
+/// (padded with spaces), so it is never half old and half new.
+const TAIL_BYTES: usize = 64;
+
+/// The tail record of the lock file: `None` when there is none (a directory an older release
+/// wrote, a first start, or zeros a crash left in a new file), `Err` when it is damaged.
+pub(super) fn read_tail(path: &Path) -> Result<Option<Tail>, String> {
+    let file = suffixed(path, ".lock");
+    let bytes = match std::fs::read(&file) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("segment marks {}: {e}", file.display())),
+    };
+    if bytes.iter().all(|&b| b == 0 || b.is_ascii_whitespace()) {
+        return Ok(None);
+    }
+    serde_json::from_slice::<Tail>(bytes.trim_ascii())
+        .map(Some)
+        .map_err(|e| format!("{}: no record of the log's length ({e})", file.display()))
+}
+
+/// Why a log read as `log` (a missing one when `None`) lost what `tail` says it held.
+fn tail_lost(tail: Tail, log: Option<&LogRead>) -> Option<String> {
+    let (follows, end) = log.map_or((0, 0), |l| (l.header.unwrap_or(0), l.end));
+    if log.is_none() && tail.len > 0 {
+        Some(format!("it is gone, and it held {} bytes", tail.len))
+    } else if tail.after > follows {
+        Some(format!(
+            "it follows snapshot {follows}, and it last followed snapshot {}",
+            tail.after
+        ))
+    } else if tail.after == follows && end < tail.len {
+        Some(format!(
+            "it ends at byte {end}, and it held {} bytes",
+            tail.len
+        ))
+    } else {
+        // Shorter by a compaction that crashed before this record: its marks are in the
+        // snapshot the header names.
+        None
+    }
+}
+
 pub(super) fn slot(path: &Path, seq: u64) -> PathBuf {
     suffixed(path, if seq.is_multiple_of(2) { ".a" } else { ".b" })
 }
@@ -221,15 +273,24 @@ impl Journal {
         let (snapshot_seq, mut marks) = newest.map_or((0, HashMap::new()), |r| (r.seq, r.marks));
         let snapshot_bytes = std::fs::metadata(slot(&path, snapshot_seq)).map_or(0, |m| m.len());
         let log_path = suffixed(&path, ".log");
-        let bytes = match std::fs::read(&log_path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        let (bytes, found) = match std::fs::read(&log_path) {
+            Ok(bytes) => (bytes, true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), false),
             Err(e) => return Err(format!("segment marks log {}: {e}", log_path.display())),
         };
         let log = parse_log(&bytes, true);
         let mut damaged = Vec::new();
         if let Some(damage) = &log.damage {
             damaged.push(format!("{}: {damage}", log_path.display()));
+        }
+        match read_tail(&path) {
+            Ok(Some(tail)) => {
+                if let Some(lost) = tail_lost(tail, found.then_some(&log)) {
+                    damaged.push(format!("{}: {lost}", log_path.display()));
+                }
+            }
+            Ok(None) => {}
+            Err(damage) => damaged.push(damage),
         }
         // The log's header names the snapshot its marks follow: a newest readable snapshot
         // older than that is a newer one lost (damaged or deleted), and its marks with it.
@@ -343,7 +404,32 @@ impl Journal {
             return Err(self.fail(".log", e));
         }
         self.read_to = at + lines.len() as u64;
+        self.write_tail();
         Ok(())
+    }
+
+    /// Records the log's synced length in the lock file, for [`Journal::open`] to find a log
+    /// that lost whole lines. Not synced itself: lost in a crash, it is an older, shorter
+    /// length, which the log still holds. A failed write (a full disk) only leaves that older
+    /// record; the marks are in the log.
+    fn write_tail(&mut self) {
+        let tail = Tail {
+            after: self.generation,
+            len: self.read_to,
+        };
+        let mut record = serde_json::to_vec(&tail).unwrap_or_default();
+        if record.is_empty() || record.len() >= TAIL_BYTES {
+            return;
+        }
+        record.resize(TAIL_BYTES - 1, b' ');
+        record.push(b'\n');
+        let written = self.files().and_then(|(lock, _)| {
+            lock.write_all_at(&record, 0)
+                .map_err(|e| self.fail(".lock", e))
+        });
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "segment marks: the log's length was not recorded");
+        }
     }
 
     /// `<path>.log`.
@@ -418,6 +504,7 @@ impl Journal {
             .map_err(|e| self.fail(".log", e))?;
         self.generation = record.seq;
         self.read_to = header.len() as u64;
+        self.write_tail();
         Ok(others)
     }
 

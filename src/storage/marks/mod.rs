@@ -618,11 +618,96 @@ mod tests {
         for (tag, mark) in &newest.marks {
             log.extend_from_slice(format!("[\"{tag}\",{mark}]\n").as_bytes());
         }
+        // The lock file's record of the log is written after the log's header, so the crash
+        // left the one from before the compaction too.
+        let tail = format!("{{\"after\":{},\"len\":{}}}", newest.seq - 1, log.len());
         std::fs::write(log_of(&path), log).unwrap();
+        std::fs::write(lock_of(&path), tail).unwrap();
         let reopened = SegmentMarks::open(&path, false).unwrap();
         for t in 0..50i64 {
             assert_eq!(reopened.get(&format!("tag{t}")), Some(450 + t), "tag{t}");
         }
+    }
+
+    fn lock_of(path: &std::path::Path) -> PathBuf {
+        PathBuf::from(format!("{}.lock", path.display()))
+    }
+
+    /// A log that lost whole lines (cut at a line's end, emptied, cut to its header, deleted)
+    /// is no crash's work: the lock file records its synced length, and such a log is refused
+    /// like a damaged one, so a database restored below the lost marks is not served again.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_log_that_lost_whole_lines_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment-marks.json");
+        let marks = SegmentMarks::open(&path, false).unwrap();
+        marks.record("order", 500).await.unwrap();
+        let first = std::fs::read(log_of(&path)).unwrap();
+        marks.record("order", 1200).await.unwrap();
+        drop(marks);
+        let full = std::fs::read(log_of(&path)).unwrap();
+        assert!(full.len() > first.len());
+        let refused = |why: &str| {
+            let text = SegmentMarks::open(&path, false)
+                .err()
+                .unwrap_or_else(|| panic!("{why}: accepted"))
+                .to_string();
+            assert!(text.contains("segment-marks.json"), "{why}: {text}");
+            assert!(
+                text.contains("storage.discard_unreadable_marks"),
+                "{why}: {text}"
+            );
+            text
+        };
+        std::fs::write(log_of(&path), &first).unwrap();
+        let text = refused("cut after its first line");
+        assert!(
+            text.contains(&format!("ends at byte {}", first.len())),
+            "{text}"
+        );
+        std::fs::write(log_of(&path), b"").unwrap();
+        refused("emptied");
+        std::fs::remove_file(log_of(&path)).unwrap();
+        assert!(refused("deleted").contains("it is gone"));
+        // The operator's choice keeps what is left.
+        std::fs::write(log_of(&path), &first).unwrap();
+        let kept = SegmentMarks::open(&path, true).unwrap();
+        assert_eq!(kept.get("order"), Some(500));
+        drop(kept);
+        // A crash's torn tail after the last synced line is still no damage.
+        let mut torn = full.clone();
+        torn.extend_from_slice(b"[\"order\",17");
+        std::fs::write(log_of(&path), &torn).unwrap();
+        assert_eq!(
+            SegmentMarks::open(&path, false).unwrap().get("order"),
+            Some(1200)
+        );
+        // A damaged record is refused; none at all (a directory an older release wrote) is
+        // read as before.
+        std::fs::write(log_of(&path), &full).unwrap();
+        std::fs::write(lock_of(&path), b"{\"after\":").unwrap();
+        refused("a damaged length record");
+        std::fs::write(lock_of(&path), b"").unwrap();
+        assert_eq!(
+            SegmentMarks::open(&path, false).unwrap().get("order"),
+            Some(1200)
+        );
+
+        // After a compaction the log is its header: marks after it, cut back to the header,
+        // are refused; a log from before the compaction is too.
+        let marks = SegmentMarks::open(&path, false).unwrap().compact_after(0);
+        marks.record("order", 1300).await.unwrap();
+        marks.record("order", 1400).await.unwrap();
+        drop(marks);
+        let (newest, _) = journal::read_newest(&path).unwrap();
+        let seq = newest.expect("compacted").seq;
+        let header = format!("{{\"after\":{seq}}}\n");
+        let log = std::fs::read(log_of(&path)).unwrap();
+        assert!(log.starts_with(header.as_bytes()) && log.len() > header.len());
+        std::fs::write(log_of(&path), &header).unwrap();
+        refused("cut to its header");
+        std::fs::write(log_of(&path), &full).unwrap();
+        assert!(refused("an older log").contains("last followed snapshot"));
     }
 
     #[tokio::test(flavor = "current_thread")]
