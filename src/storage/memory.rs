@@ -1,11 +1,14 @@
-//! An in-process store for tests and benchmarks. It forgets everything when dropped, so a
-//! restarted server would repeat IDs: it is never selected by a storage URL.
+//! An in-process store for tests, benchmarks and the simulation: `leaf_alloc` as the SQL
+//! dialects' locked plan moves it (the same code), with a database instance a simulated
+//! failover or restore can replace. It forgets everything when dropped, so a restarted server
+//! would repeat IDs: it is never selected by a storage URL.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 
+use super::locked::LockedRow;
 use super::{
     Grant, LeafAlloc, Lease, LeaseKeeper, NewTag, SegmentStore, StoreError, WorkerLeaseStore,
     WorkerRow,
@@ -13,12 +16,37 @@ use super::{
 
 #[derive(Default)]
 pub struct MemoryStore {
-    rows: Mutex<BTreeMap<String, LeafAlloc>>,
+    rows: Mutex<Rows>,
     /// `leaf_worker`, for the database coordinator in tests (the system clock stands in for
     /// the database's).
     workers: Mutex<BTreeMap<i64, HeldRow>>,
     /// The snowflake layout recorded for the worker ids.
     layout: Mutex<Option<String>>,
+}
+
+/// The rows of `leaf_alloc` and the database instance that answers (what a row's `writer`
+/// records, so an allocation after a failover skips the failover margin).
+#[derive(Clone, Debug, Default)]
+pub struct MemoryRows {
+    rows: BTreeMap<String, LockedRow>,
+    instance: u64,
+}
+
+type Rows = MemoryRows;
+
+impl MemoryRows {
+    /// Each tag's `max_id`, in tag order.
+    pub fn max_ids(&self) -> Vec<(String, i64)> {
+        self.rows
+            .iter()
+            .map(|(tag, row)| (tag.clone(), row.alloc.max_id))
+            .collect()
+    }
+
+    /// The instance's name as rows record it.
+    fn instance_name(&self) -> String {
+        format!("memory-{}", self.instance)
+    }
 }
 
 fn now_ms() -> i64 {
@@ -33,58 +61,65 @@ impl MemoryStore {
     }
 
     /// Deletes a row, as an operator's `DELETE FROM leaf_alloc` would.
-    #[cfg(test)]
-    pub(crate) fn delete_row(&self, tag: &str) {
-        self.rows().remove(tag);
+    pub fn delete_row(&self, tag: &str) {
+        self.rows().rows.remove(tag);
     }
 
-    fn rows(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, LeafAlloc>> {
+    /// Every row and the instance, as a backup (or a replica's state) would keep them.
+    pub fn snapshot(&self) -> MemoryRows {
+        self.rows().clone()
+    }
+
+    /// Puts `rows` back: a restore of a backup (`new_instance: false`, the same server) or a
+    /// failover to a replica that had them (`true`: another instance answers from now on,
+    /// which allocations of rows the old one wrote see).
+    pub fn restore(&self, rows: MemoryRows, new_instance: bool) {
+        let mut held = self.rows();
+        let instance = held.instance + u64::from(new_instance);
+        *held = MemoryRows { instance, ..rows };
+    }
+
+    fn rows(&self) -> std::sync::MutexGuard<'_, Rows> {
         // A panic while holding this lock cannot leave a row half-written, so poisoning is moot.
         self.rows.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// `tag`'s row, for a change under the lock.
+    fn row_mut<'a>(rows: &'a mut Rows, tag: &str) -> Result<&'a mut LeafAlloc, StoreError> {
+        Ok(&mut Self::locked_mut(rows, tag)?.alloc)
+    }
+
+    fn locked_mut<'a>(rows: &'a mut Rows, tag: &str) -> Result<&'a mut LockedRow, StoreError> {
+        rows.rows
+            .get_mut(tag)
+            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))
+    }
+}
+
+/// What the dialects' `move_up_sql` does: `max_id` (and `exclusive_max`, so the next range
+/// starts exactly there) up to `floor`, a higher value left alone; the `max_id` after.
+fn move_up(row: &mut LockedRow, floor: i64) -> i64 {
+    if row.alloc.max_id < floor {
+        row.exclusive_max = Some(floor);
+        row.alloc.max_id = floor;
+    }
+    row.alloc.max_id
 }
 
 #[async_trait]
 impl SegmentStore for MemoryStore {
     async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
         let mut rows = self.rows();
+        let current = rows.instance_name();
         let row = rows
+            .rows
             .get_mut(tag)
             .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
-        if let Some(refused) = super::refused_rule(
-            tag,
-            row.split.as_deref(),
-            row.opaque.as_deref(),
-            &grant.serves,
-            row.max_id,
-        ) {
-            return Err(refused);
-        }
-        // Every row here is written by leafd alone: each range starts at the last max_id.
-        let first = row.max_id;
-        let step = grant.step.unwrap_or(row.step);
-        super::check_step(tag, step)?;
-        let max_id = first
-            .checked_add(step)
-            .ok_or_else(|| match i64::MAX - first {
-                left if left >= 1 => StoreError::NearEnd {
-                    tag: tag.to_string(),
-                    left,
-                },
-                _ => StoreError::Exhausted(tag.to_string()),
-            })?;
-        if let Some(window) = grant.window {
-            if max_id > window.end_of(first) {
-                return Err(StoreError::PastEnd {
-                    tag: tag.to_string(),
-                    max_id: first,
-                    left: (window.end_of(first) - first).max(0),
-                });
-            }
-        }
-        row.max_id = max_id;
-        row.first = first;
-        Ok(row.clone())
+        // What MariaDB and PostgreSQL do under the row lock; a refusal moves nothing.
+        let mut locked = row.clone();
+        let alloc = locked.allocate(tag, &grant, &current)?;
+        *row = locked;
+        Ok(alloc)
     }
 
     async fn allocate_many(
@@ -99,14 +134,15 @@ impl SegmentStore for MemoryStore {
     }
 
     async fn list(&self) -> Result<Vec<LeafAlloc>, StoreError> {
-        Ok(self.rows().values().cloned().collect())
+        Ok(self.rows().rows.values().map(|r| r.alloc.clone()).collect())
     }
 
     async fn rules(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
         let rows = self.rows();
         Ok(rows
+            .rows
             .values()
-            .map(|r| (r.tag.clone(), r.split.clone()))
+            .map(|r| (r.alloc.tag.clone(), r.alloc.split.clone()))
             .collect())
     }
 
@@ -119,18 +155,23 @@ impl SegmentStore for MemoryStore {
         let rows = self.rows();
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         Ok(rows
+            .rows
             .range::<str, _>((from, Bound::Unbounded))
             .take(limit)
-            .map(|(_, r)| (r.tag.clone(), r.split.clone()))
+            .map(|(_, r)| (r.alloc.tag.clone(), r.alloc.split.clone()))
             .collect())
     }
 
     async fn row(&self, tag: &str) -> Result<Option<LeafAlloc>, StoreError> {
-        Ok(self.rows().get(tag).cloned())
+        Ok(self.rows().rows.get(tag).map(|r| r.alloc.clone()))
     }
 
     async fn create_tag(&self, new: &NewTag) -> Result<(), StoreError> {
-        let mut rows = self.rows();
+        let mut held = self.rows();
+        // The creating instance is recorded, as the dialects do: a failover that loses the
+        // tag's first allocations is then seen like any other.
+        let writer = Some(held.instance_name());
+        let rows = &mut held.rows;
         if rows.len() >= new.max_tags {
             return Err(StoreError::TagLimit {
                 count: rows.len() as i64,
@@ -140,20 +181,24 @@ impl SegmentStore for MemoryStore {
         if rows.contains_key(&new.tag) {
             return Err(StoreError::TagExists(new.tag.clone()));
         }
-        rows.insert(
-            new.tag.clone(),
-            LeafAlloc {
-                tag: new.tag.clone(),
-                max_id: new.start,
-                first: new.start,
-                step: new.step,
-                description: new.description.clone(),
-                failover: None,
-                opaque: None,
-                split: new.split.clone(),
-                update_time: None,
-            },
-        );
+        // Its first range starts at `start`: no allocation served it (`exclusive_max`).
+        let alloc = LeafAlloc {
+            tag: new.tag.clone(),
+            max_id: new.start,
+            first: new.start,
+            step: new.step,
+            description: new.description.clone(),
+            failover: None,
+            opaque: None,
+            split: new.split.clone(),
+            update_time: None,
+        };
+        let row = LockedRow {
+            alloc,
+            writer,
+            exclusive_max: Some(new.start),
+        };
+        rows.insert(new.tag.clone(), row);
         Ok(())
     }
 
@@ -164,9 +209,7 @@ impl SegmentStore for MemoryStore {
         split: Option<&str>,
     ) -> Result<Option<String>, StoreError> {
         let mut rows = self.rows();
-        let row = rows
-            .get_mut(tag)
-            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        let row = Self::row_mut(&mut rows, tag)?;
         if row.split.as_deref() == expected {
             row.split = split.map(str::to_string);
         }
@@ -175,26 +218,21 @@ impl SegmentStore for MemoryStore {
 
     async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError> {
         let mut rows = self.rows();
-        let row = rows
-            .get_mut(tag)
-            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
-        row.split = split.map(str::to_string);
-        row.max_id = row.max_id.max(start);
-        Ok(row.max_id)
+        let row = Self::locked_mut(&mut rows, tag)?;
+        row.alloc.split = split.map(str::to_string);
+        Ok(move_up(row, start))
     }
 
     async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
         let mut rows = self.rows();
-        let row = rows
-            .get_mut(tag)
-            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        let row = Self::locked_mut(&mut rows, tag)?;
         let serves = super::Serves::Period(marker.into());
-        let (split, opaque) = (row.split.as_deref(), row.opaque.as_deref());
-        if let Some(refused) = super::refused_rule(tag, split, opaque, &serves, row.max_id) {
+        let alloc = &row.alloc;
+        let (split, opaque) = (alloc.split.as_deref(), alloc.opaque.as_deref());
+        if let Some(refused) = super::refused_rule(tag, split, opaque, &serves, alloc.max_id) {
             return Err(refused);
         }
-        row.max_id = row.max_id.max(floor);
-        Ok(row.max_id)
+        Ok(move_up(row, floor))
     }
 
     async fn claim_opaque(
@@ -204,9 +242,7 @@ impl SegmentStore for MemoryStore {
         below: i64,
     ) -> Result<(Option<String>, i64), StoreError> {
         let mut rows = self.rows();
-        let row = rows
-            .get_mut(tag)
-            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        let row = Self::row_mut(&mut rows, tag)?;
         super::opaque_claimable(tag, row.split.as_deref())?;
         if row.opaque.is_none() && row.max_id < below {
             row.opaque = Some(marker.to_string());
@@ -216,9 +252,7 @@ impl SegmentStore for MemoryStore {
 
     async fn set_step(&self, tag: &str, step: i64) -> Result<(), StoreError> {
         let mut rows = self.rows();
-        let row = rows
-            .get_mut(tag)
-            .ok_or_else(|| StoreError::UnknownTag(tag.to_string()))?;
+        let row = Self::row_mut(&mut rows, tag)?;
         row.step = step;
         Ok(())
     }

@@ -53,7 +53,7 @@ pub use grant::{
     PERIOD_RECORD, STRICT_RECORD,
 };
 pub use marks::SegmentMarks;
-pub use memory::MemoryStore;
+pub use memory::{MemoryRows, MemoryStore};
 pub use migrate::statements as migration_statements;
 pub use mysql::MySqlStore;
 pub use on_runtime::OnRuntime;

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use super::gather::Gather;
 use super::table::TagTable;
@@ -15,8 +15,10 @@ use super::{
 pub struct TagBuffer {
     pub(super) name: Arc<str>,
     pub(super) state: Mutex<BufferState>,
-    /// Bumped after every finished load, so waiting requests re-check the buffers.
-    pub(super) loaded: watch::Sender<u64>,
+    /// Notified after every finished load, so waiting requests re-check the buffers. (A
+    /// `Notify` wakes its waiters in a fixed order; a watch channel picks among its notifiers
+    /// at random, which a simulation's seed cannot replay.)
+    pub(super) loaded: Notify,
     /// One allocation of this tag at a time on this node (a background load or an INCRBY
     /// block), each checked against the high-water mark before the next is sent: responses of
     /// concurrent allocations could otherwise arrive out of order and look like a rollback,
@@ -107,7 +109,7 @@ impl TagBuffer {
                 interleave: settings.interleave_of(name),
                 ..BufferState::default()
             }),
-            loaded: watch::Sender::new(0),
+            loaded: Notify::new(),
             allocating: tokio::sync::Mutex::new(()),
             opaque_claimed: std::sync::atomic::AtomicBool::new(false),
             strict_waiting: Mutex::new(Vec::new()),

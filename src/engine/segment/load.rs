@@ -330,8 +330,6 @@ impl SegmentEngine {
             }
             st.loading = false;
         }
-        buffer
-            .loaded
-            .send_modify(|generation| *generation = generation.wrapping_add(1));
+        buffer.loaded.notify_waiters();
     }
 }

@@ -20,8 +20,6 @@ mod tags;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::watch;
-
 pub use buffer::{store_reason, BufferState, Interleave, LoadFailure, Segment};
 pub use entry::TagBuffer;
 use entry::{TagEntry, TagKind};
@@ -106,7 +104,7 @@ pub struct SegmentStats {
 }
 
 /// What a request does after looking at its tag's buffers under the lock.
-enum Step {
+enum Step<'a> {
     Served {
         last: i64,
         preload: bool,
@@ -114,7 +112,7 @@ enum Step {
     Block,
     Failed(LoadFailure),
     Wait {
-        loaded: watch::Receiver<u64>,
+        loaded: tokio::sync::futures::Notified<'a>,
         start_load: bool,
     },
 }
@@ -309,14 +307,15 @@ impl SegmentEngine {
                 } else {
                     let start_load = !st.loading;
                     st.loading = true;
-                    // Subscribed under the lock, so the end of the load cannot be missed.
+                    // Made under the lock, so the end of the load cannot be missed (a
+                    // `Notified` sees every `notify_waiters` from its creation on).
                     Step::Wait {
-                        loaded: buffer.loaded.subscribe(),
+                        loaded: buffer.loaded.notified(),
                         start_load,
                     }
                 }
             };
-            let mut loaded = match step {
+            let loaded = match step {
                 Step::Served { last, preload } => {
                     if preload {
                         self.spawn_load(buffer.clone());
@@ -337,10 +336,7 @@ impl SegmentEngine {
             };
             waited = true;
             self.stats.request_waits.fetch_add(1, Ordering::Relaxed);
-            if tokio::time::timeout_at(deadline, loaded.changed())
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout_at(deadline, loaded).await.is_err() {
                 return Err(SegmentError::Unavailable {
                     tag: tag.to_string(),
                     reason: format!(
