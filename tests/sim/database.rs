@@ -100,7 +100,9 @@ fn gone(what: &str) -> StoreError {
 impl Connection {
     async fn transit(&self) -> Result<(), StoreError> {
         let ms = self.rng.lock().unwrap().below(self.faults.max_delay_ms + 1);
-        tokio::time::sleep(Duration::from_millis(ms)).await;
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         if self.link.dead.load(Ordering::SeqCst) {
             return Err(gone("the process is dead"));
         }

@@ -1,6 +1,7 @@
 //! The invariants, checked on every reply: no segment ID twice per tag across every node and
 //! incarnation (each ID of a block); a strict tag's reply larger than every reply of the tag
-//! that came before its request was sent; nothing at or below 0 or past 2^63−1.
+//! that came before its request was sent; a period ID dated by its node's clock; nothing at or
+//! below 0 or past 2^63−1.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -36,15 +37,6 @@ impl Ledger {
                 "{who}: {tag} replied {first}..={last}, at or below 0"
             ));
         }
-        if let Some(floor) = strict_floor {
-            if first <= floor {
-                broken = Some(format!(
-                    "{who}: strict {tag} replied {first}..={last}, not above {floor} replied before the request was sent"
-                ));
-            }
-            let top = state.replied.entry(tag.to_string()).or_insert(0);
-            *top = (*top).max(last);
-        }
         let seen = state.served.entry(tag.to_string()).or_default();
         for id in first..=last {
             if !seen.insert(id) {
@@ -53,9 +45,34 @@ impl Ledger {
                 });
             }
         }
+        if let Some(floor) = strict_floor {
+            if first <= floor && broken.is_none() {
+                broken = Some(format!(
+                    "{who}: strict {tag} replied {first}..={last}, not above {floor} replied before the request was sent"
+                ));
+            }
+            let top = state.replied.entry(tag.to_string()).or_insert(0);
+            *top = (*top).max(last);
+        }
         state.ids += n as u64;
         if state.violation.is_none() {
             state.violation = broken;
+        }
+    }
+
+    /// Checks that each ID of the period block `last-n+1..=last` is a date of `dates` followed by
+    /// a sequence number of `digits` digits from 1.
+    pub fn dated(&self, who: &str, tag: &str, n: i64, last: i64, digits: u32, dates: [i64; 4]) {
+        let scale = 10i64.pow(digits);
+        let mut state = self.state.lock().unwrap();
+        for id in [last - n + 1, last] {
+            let (date, sequence) = (id / scale, id % scale);
+            if !dates.contains(&date) || sequence < 1 {
+                let what = format!(
+                    "{who}: period {tag} replied {id} (date {date}, number {sequence}); its clock's dates are {dates:?}"
+                );
+                state.violation.get_or_insert(what);
+            }
         }
     }
 

@@ -74,7 +74,12 @@ fn replay() {
         eprintln!("replay: set SIM_SEED=<seed> to replay one run");
         return;
     };
-    match run(SimConfig::new(seed)) {
+    let mut config = SimConfig::new(seed);
+    if std::env::var_os("SIM_RESTORE_PERIOD").is_some() {
+        // The known gap (see SimConfig::period): restores beside the period tag.
+        (config.restores, config.period) = (true, true);
+    }
+    match run(config) {
         Ok(outcome) => {
             for line in &outcome.trace {
                 println!("{line}");

@@ -116,14 +116,27 @@ impl SegmentEngine {
     /// else the one the row records in full.
     fn period_row_refusal(&self, row: &crate::storage::LeafAlloc) -> Option<String> {
         let recorded = row.split.as_deref();
+        let rule = self.period_rule_of(&row.tag, recorded)?;
+        rule.refuse_row(row.max_id, recorded, self.clock.now_millis())
+    }
+
+    /// The period rule this node serves `tag` by, whose row records `recorded`: its own when
+    /// configured and the record agrees, else the one the row records in full (as a node that
+    /// does not list the tag serves it); `None` for a tag without a period.
+    fn period_rule_of(
+        &self,
+        tag: &str,
+        recorded: Option<&str>,
+    ) -> Option<std::sync::Arc<super::PeriodRule>> {
         let same = |rule: &super::PeriodRule| {
             recorded.is_none_or(|r| super::period::same_rule(r, &rule.served_marker()))
         };
-        let rule = match self.settings.period.get(&row.tag).filter(|r| same(r)) {
-            Some(rule) => rule.clone(),
-            None => std::sync::Arc::new(recorded.and_then(super::PeriodRule::from_record)?),
-        };
-        rule.refuse_row(row.max_id, recorded, self.clock.now_millis())
+        match self.settings.period.get(tag).filter(|r| same(r)) {
+            Some(rule) => Some(rule.clone()),
+            None => Some(std::sync::Arc::new(
+                recorded.and_then(super::PeriodRule::from_record)?,
+            )),
+        }
     }
 
     /// [`SegmentEngine::skip`] of a tag whose row records `recorded` (its split column).
@@ -151,17 +164,10 @@ impl SegmentEngine {
             let alloc = retry_conflicts(|| self.store.allocate(tag, grant.clone())).await?;
             return Ok(self.skipped(tag, n, alloc));
         };
-        // This node's period first, when it serves the tag with a period: the numbers a
+        // This node's period first, when it serves the tag with a period (its own rule, or the
+        // row's record: whether or not a request built the tag's buffers here): the numbers a
         // restore lost are of the period the cluster is in, not of the row's older one.
-        let known = self.buffer_of(tag);
-        let same = |rule: &super::PeriodRule| {
-            recorded.is_none_or(|r| super::period::same_rule(r, &rule.served_marker()))
-        };
-        if let Some(rule) = known
-            .as_ref()
-            .and_then(|b| b.kind.period().cloned())
-            .filter(|r| same(r))
-        {
+        if let Some(rule) = self.period_rule_of(tag, recorded) {
             let floor = rule.first_position(rule.period_at(self.clock.now_millis()));
             let marker = rule.served_marker();
             retry_conflicts(|| self.store.raise(tag, floor, &marker)).await?;

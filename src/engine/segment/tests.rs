@@ -626,3 +626,37 @@ async fn a_sweep_whose_cursor_does_not_move_stops() {
     assert!(error.contains("did not move past 't009999'"), "{error}");
     assert_eq!(engine.tag_count(), tags, "nothing removed");
 }
+
+/// SKIP of a period tag on a node that never served it (and does not list it) first moves the
+/// row into the node's current period, by the rule the row records: after a restore the lost
+/// numbers are the current period's (the simulation found the row skipped within yesterday,
+/// and today's lost numbers served again).
+#[tokio::test(flavor = "current_thread")]
+async fn a_period_skip_moves_into_today_on_a_node_that_never_served_the_tag() {
+    // 2026-12-01T00:00:10Z.
+    let clock = Arc::new(ManualClock::new(1_796_083_210_000));
+    let store = Arc::new(MemoryStore::new());
+    let new = crate::storage::NewTag {
+        tag: "p".into(),
+        start: 202611300006,
+        step: 10,
+        description: None,
+        split: Some("period:daily:3:UTC:".into()),
+        max_tags: 10,
+    };
+    store.create_tag(&new).await.unwrap();
+    let engine = SegmentEngine::new(
+        store.clone(),
+        crate::storage::SegmentMarks::in_memory(),
+        SegmentSettings::default(),
+        clock,
+        Arc::new(()),
+    );
+    engine.skip("p", 3).await.unwrap();
+    let row = store.row("p").await.unwrap().unwrap();
+    assert_eq!(
+        row.max_id, 202612010004,
+        "three numbers of 1 December skipped"
+    );
+    assert_eq!(engine.next_ids("p", 1).await.unwrap(), 20261201004);
+}
