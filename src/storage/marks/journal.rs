@@ -57,10 +57,15 @@ pub(super) fn read_tail(path: &Path) -> Result<Option<Tail>, String> {
         .map_err(|e| format!("{}: no record of the log's length ({e})", file.display()))
 }
 
-/// Why a log read as `log` (a missing one when `None`) lost what `tail` says it held.
-fn tail_lost(tail: Tail, log: Option<&LogRead>) -> Option<String> {
+/// Why a log read as `log` (a missing one when `None`) lost what `tail` says it held, beside
+/// a newest readable snapshot `snapshot_seq`.
+fn tail_lost(tail: Tail, log: Option<&LogRead>, snapshot_seq: u64) -> Option<String> {
     let (follows, end) = log.map_or((0, 0), |l| (l.header.unwrap_or(0), l.end));
-    if log.is_none() && tail.len > 0 {
+    if snapshot_seq > tail.after {
+        // A compaction wrote a snapshot of the whole log the record describes, then crashed
+        // before the log's new header (or its record): every mark is in the snapshot.
+        None
+    } else if log.is_none() && tail.len > 0 {
         Some(format!("it is gone, and it held {} bytes", tail.len))
     } else if tail.after > follows {
         Some(format!(
@@ -285,7 +290,7 @@ impl Journal {
         }
         match read_tail(&path) {
             Ok(Some(tail)) => {
-                if let Some(lost) = tail_lost(tail, found.then_some(&log)) {
+                if let Some(lost) = tail_lost(tail, found.then_some(&log), snapshot_seq) {
                     damaged.push(format!("{}: {lost}", log_path.display()));
                 }
             }
