@@ -273,6 +273,9 @@ pub(super) struct Opened {
 impl Journal {
     /// Reads the newest snapshot and the log after it.
     pub fn open(path: PathBuf) -> Result<Opened, String> {
+        // The lock file's record first: another process sharing the directory may append
+        // meanwhile, and the log read after it then holds at least what it says.
+        let tail = read_tail(&path);
         let (newest, unreadable) = read_newest(&path)?;
         let has_snapshot = newest.is_some();
         let (snapshot_seq, mut marks) = newest.map_or((0, HashMap::new()), |r| (r.seq, r.marks));
@@ -288,7 +291,7 @@ impl Journal {
         if let Some(damage) = &log.damage {
             damaged.push(format!("{}: {damage}", log_path.display()));
         }
-        match read_tail(&path) {
+        match tail {
             Ok(Some(tail)) => {
                 if let Some(lost) = tail_lost(tail, found.then_some(&log), snapshot_seq) {
                     damaged.push(format!("{}: {lost}", log_path.display()));
