@@ -375,6 +375,103 @@ async fn postgres_a_row_step_below_one_is_refused() {
     a_row_step_below_one_is_refused(&url).await;
 }
 
+/// A period row that records no rule, or only the calendar and digits (an older release's
+/// record, which any zone matched), records the whole rule of the first node that moves it, in
+/// the same write: a node in another zone is then refused and writes nothing. (Were the record
+/// written after the move, two nodes in different zones racing on the row could each write one
+/// half, and both be refused until the later midnight.)
+async fn a_period_row_records_its_rule_with_its_first_move(url: &str) {
+    let plain = node(on(url)).await;
+    let mut admin = plain.client().await;
+    for tag in ["un", "bare"] {
+        let args = ["LEAF.TAG", "CREATE", tag, "10"];
+        assert_eq!(send(&mut admin, &args).await, Ok("OK".into()));
+    }
+    raw(
+        url,
+        "UPDATE leaf_alloc SET split = 'period:daily:4' WHERE biz_tag = 'bare'",
+    )
+    .await;
+    let in_zone = |zone: &str| {
+        let mut config = on(url);
+        config.segment.tags = ["un", "bare"]
+            .map(|tag| TagSeed {
+                time_zone: zone.into(),
+                ..daily(tag, 4)
+            })
+            .into();
+        config
+    };
+    // Noon in UTC is 02:00 the next day on Kiritimati (UTC+14).
+    let ahead = node(in_zone("Pacific/Kiritimati")).await;
+    let mut acon = ahead.client().await;
+    let utc = node(in_zone("UTC")).await;
+    let mut ucon = utc.client().await;
+    for tag in ["un", "bare"] {
+        let key = format!("segment:{tag}");
+        assert_eq!(
+            send(&mut acon, &["INCR", &key]).await,
+            Ok("202612080001".into())
+        );
+        let recorded = format!(
+            "SELECT COUNT(*) FROM leaf_alloc WHERE biz_tag = '{tag}' AND split = 'period:daily:4:Pacific/Kiritimati:'"
+        );
+        assert_eq!(
+            row_i64(url, &recorded).await,
+            1,
+            "{tag}: the rule is not recorded"
+        );
+        let position = format!("SELECT max_id FROM leaf_alloc WHERE biz_tag = '{tag}'");
+        let before = row_i64(url, &position).await;
+        let refused = send(&mut ucon, &["INCR", &key]).await.unwrap_err();
+        assert!(
+            refused.contains(&format!("tag '{tag}' records the period rule period:daily:4:Pacific/Kiritimati: and this node's is period:daily:4:UTC")),
+            "{refused}"
+        );
+        assert_eq!(
+            row_i64(url, &position).await,
+            before,
+            "{tag}: the refused node moved the row"
+        );
+        assert_eq!(
+            row_i64(url, &recorded).await,
+            1,
+            "{tag}: the refused node wrote its rule"
+        );
+        assert_eq!(
+            send(&mut acon, &["INCR", &key]).await,
+            Ok("202612080002".into())
+        );
+    }
+    for server in [plain, ahead, utc] {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_period_row_records_its_rule_with_its_first_move() {
+    let dir = tempfile::tempdir().unwrap();
+    a_period_row_records_its_rule_with_its_first_move(&sqlite_url(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_period_row_records_its_rule_with_its_first_move() {
+    let test = "mysql_a_period_row_records_its_rule_with_its_first_move";
+    let Some(url) = Backend::MySql.fresh_database(test).await else {
+        return;
+    };
+    a_period_row_records_its_rule_with_its_first_move(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_period_row_records_its_rule_with_its_first_move() {
+    let test = "postgres_a_period_row_records_its_rule_with_its_first_move";
+    let Some(url) = Backend::Postgres.fresh_database(test).await else {
+        return;
+    };
+    a_period_row_records_its_rule_with_its_first_move(&url).await;
+}
+
 /// Nodes configured otherwise than a row records are refused by the allocation's (or the
 /// raise's) own statement: the row does not move, whichever kind refuses.
 async fn a_refused_node_moves_no_row(url: &str) {

@@ -217,18 +217,19 @@ where
     }
 
     /// Moves a period tag's `max_id` up to `floor` (never down) unless its row records another
-    /// period rule than `marker`; `max_id` after.
+    /// period rule than `record` (this node's whole rule), recording it on a row that records
+    /// none; `max_id` after.
     pub(crate) async fn raise(
         pool: &Pool<DB>,
         tag: &str,
         floor: i64,
-        marker: &str,
+        record: &str,
     ) -> Result<i64, StoreError> {
         let p = DB::placeholder;
         let (guarded, read) = &raise_sql(p);
         // The statement compares the calendar and digits; the time zone is checked on the row
-        // it read, and a refusal rolls the raise back.
-        let position = super::position_marker(marker);
+        // it read, and a refusal rolls the raise back (its record with it).
+        let position = super::position_marker(record);
         let like = format!("{position}:%");
         let like = &like;
         committed(pool, |mut tx| async move {
@@ -237,6 +238,8 @@ where
                 .bind(floor)
                 .bind(floor)
                 .bind(floor)
+                .bind(position)
+                .bind(record)
                 .bind(tag)
                 .bind(position)
                 .bind(like.as_str())
@@ -245,7 +248,7 @@ where
             let row = Self::read_back(&mut tx, read, tag).await?;
             let (max_id, split, opaque): (i64, Option<String>, Option<String>) =
                 (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-            let serves = super::Serves::Period(marker.into());
+            let serves = super::Serves::Period(super::served_marker(record).into());
             let (split, opaque) = (split.as_deref(), opaque.as_deref());
             if let Some(refused) = super::refused_rule(tag, split, opaque, &serves, max_id) {
                 return Err(refused);
@@ -448,16 +451,29 @@ fn move_up_sql(p: fn(usize) -> String) -> [String; 2] {
     ]
 }
 
-/// [`move_up_sql`] for a period tag entering a period under the rule bound 6th (and, with
-/// `:%` appended, 7th): a row that records another rule (or has an opaque key) is not moved.
-/// The read returns `max_id`, `split` and `opaque`, so the caller can tell.
+/// [`move_up_sql`] for a period tag entering a period under the rule whose calendar and digits
+/// are bound 5th and 8th (and, with `:%` appended, 9th): a row that records another rule (or has
+/// an opaque key) is not moved. A row that records no rule, or only the calendar and digits (an
+/// older release's record), records the node's whole rule (bound 6th) in the same write, so the
+/// move and the record cannot be split by another node's (two nodes in different zones racing
+/// on an unrecorded row). The read returns `max_id`, `split` and `opaque`, so the caller can tell.
 fn raise_sql(p: fn(usize) -> String) -> (String, String) {
-    let [update, _] = move_up_sql(p);
     (
         format!(
-            "{update} AND opaque IS NULL AND (split IS NULL OR split = {} OR split LIKE {})",
+            "UPDATE leaf_alloc SET \
+             exclusive_max = CASE WHEN max_id < {} THEN {} ELSE exclusive_max END, \
+             max_id = CASE WHEN max_id < {} THEN {} ELSE max_id END, \
+             split = CASE WHEN split IS NULL OR split = {} THEN {} ELSE split END \
+             WHERE biz_tag = {} AND opaque IS NULL AND (split IS NULL OR split = {} OR split LIKE {})",
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5),
             p(6),
-            p(7)
+            p(7),
+            p(8),
+            p(9)
         ),
         format!(
             "SELECT max_id, split, opaque FROM leaf_alloc WHERE biz_tag = {}",

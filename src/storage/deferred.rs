@@ -97,8 +97,8 @@ impl SegmentStore for DeferredStore {
         self.store()?.resplit(tag, split, start).await
     }
 
-    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
-        self.store()?.raise(tag, floor, marker).await
+    async fn raise(&self, tag: &str, floor: i64, record: &str) -> Result<i64, StoreError> {
+        self.store()?.raise(tag, floor, record).await
     }
 
     async fn claim_opaque(

@@ -56,6 +56,19 @@ pub fn position_marker(marker: &str) -> &str {
     }
 }
 
+/// The calendar, digits and time zone of a whole period record, without its prefix
+/// (`period:daily:6:UTC:ORD` → `period:daily:6:UTC`): how the node serves the tag, which a
+/// row's record must agree with ([`same_rule`]); the prefix may differ.
+pub fn served_marker(record: &str) -> &str {
+    let Some(rest) = record.strip_prefix(PERIOD_RECORD) else {
+        return record;
+    };
+    match rest.match_indices(':').nth(2) {
+        Some((at, _)) => &record[..PERIOD_RECORD.len() + at],
+        None => record,
+    }
+}
+
 /// How a strict tag's row records its order in its `split` column.
 pub const STRICT_RECORD: &str = "order:strict";
 

@@ -223,14 +223,19 @@ impl SegmentStore for MemoryStore {
         Ok(move_up(row, start))
     }
 
-    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
+    async fn raise(&self, tag: &str, floor: i64, record: &str) -> Result<i64, StoreError> {
         let mut rows = self.rows();
         let row = Self::locked_mut(&mut rows, tag)?;
-        let serves = super::Serves::Period(marker.into());
-        let alloc = &row.alloc;
+        let serves = super::Serves::Period(super::served_marker(record).into());
+        let alloc = &mut row.alloc;
         let (split, opaque) = (alloc.split.as_deref(), alloc.opaque.as_deref());
         if let Some(refused) = super::refused_rule(tag, split, opaque, &serves, alloc.max_id) {
             return Err(refused);
+        }
+        // As the dialects' statement: the whole rule recorded with the move, on a row that
+        // records none or only the calendar and digits.
+        if split.is_none_or(|split| split == super::position_marker(record)) {
+            alloc.split = Some(record.to_string());
         }
         Ok(move_up(row, floor))
     }

@@ -48,9 +48,9 @@ pub(crate) use error::{check_step, opaque_claimable, refused_rule};
 use error::{insert_error, not_allocated};
 pub use failover::FailoverSkip;
 pub use grant::{
-    class_within, opaque_digits, parse_split, position_marker, rule_admits, same_rule, Grant,
-    LeafAlloc, NewTag, SeenRow, Serves, Window, OPAQUE_MAX_DIGITS, OPAQUE_MIN_DIGITS,
-    PERIOD_RECORD, STRICT_RECORD,
+    class_within, opaque_digits, parse_split, position_marker, rule_admits, same_rule,
+    served_marker, Grant, LeafAlloc, NewTag, SeenRow, Serves, Window, OPAQUE_MAX_DIGITS,
+    OPAQUE_MIN_DIGITS, PERIOD_RECORD, STRICT_RECORD,
 };
 pub use marks::SegmentMarks;
 pub use memory::{MemoryRows, MemoryStore};
@@ -152,10 +152,11 @@ pub trait SegmentStore: Send + Sync + 'static {
     async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError>;
 
     /// Moves the tag's `max_id` up to `floor` when it is below, so the next allocation starts
-    /// exactly there (a period tag entering a new period under the period rule `marker`);
-    /// returns the `max_id` after. A row that records another period rule is left as it was
-    /// ([`StoreError::RuleMismatch`]).
-    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError>;
+    /// exactly there (a period tag entering a new period under the node's whole period rule
+    /// `record`, `period:daily:6:UTC:ORD`); returns the `max_id` after. A row that records
+    /// another period rule is left as it was ([`StoreError::RuleMismatch`]); a row that records
+    /// none, or only the calendar and digits, records `record` in the same write.
+    async fn raise(&self, tag: &str, floor: i64, record: &str) -> Result<i64, StoreError>;
 
     /// Records `marker` as the key under which the tag hands out opaque IDs, unless it has one
     /// already or its `max_id` has reached `below` (plain IDs served into the opaque range);

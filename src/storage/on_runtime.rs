@@ -112,9 +112,9 @@ impl SegmentStore for OnRuntime<dyn SegmentStore> {
             .await
     }
 
-    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
-        let (tag, marker) = (tag.to_string(), marker.to_string());
-        self.run(|s| async move { s.raise(&tag, floor, &marker).await })
+    async fn raise(&self, tag: &str, floor: i64, record: &str) -> Result<i64, StoreError> {
+        let (tag, record) = (tag.to_string(), record.to_string());
+        self.run(|s| async move { s.raise(&tag, floor, &record).await })
             .await
     }
 

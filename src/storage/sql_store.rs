@@ -112,8 +112,8 @@ where
         SharedSql::resplit(self.pool(), tag, split, start).await
     }
 
-    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
-        SharedSql::raise(self.pool(), tag, floor, marker).await
+    async fn raise(&self, tag: &str, floor: i64, record: &str) -> Result<i64, StoreError> {
+        SharedSql::raise(self.pool(), tag, floor, record).await
     }
 
     async fn claim_opaque(

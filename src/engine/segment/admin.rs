@@ -169,8 +169,8 @@ impl SegmentEngine {
         // restore lost are of the period the cluster is in, not of the row's older one.
         if let Some(rule) = self.period_rule_of(tag, recorded) {
             let floor = rule.first_position(rule.period_at(self.clock.now_millis()));
-            let marker = rule.served_marker();
-            retry_conflicts(|| self.store.raise(tag, floor, &marker)).await?;
+            let record = rule.record();
+            retry_conflicts(|| self.store.raise(tag, floor, &record)).await?;
         }
         let mut wanted = n;
         for _ in 0..4 {

@@ -238,7 +238,11 @@ impl PeriodRule {
         let digits: u32 = parts.next()?.parse().ok()?;
         let zone_name = parts.next()?;
         let prefix = parts.next()?;
-        if !(1..=calendar.max_sequence_digits()).contains(&digits) {
+        // `localtime`, `Factory` and `posixrules` resolve, but to another zone on each host (or
+        // none): the config and CREATE refuse them, and so does a record edited to name one.
+        if !(1..=calendar.max_sequence_digits()).contains(&digits)
+            || !super::zone_names_a_place(zone_name)
+        {
             return None;
         }
         let zone = TimeZone::get(zone_name).ok()?;
@@ -383,6 +387,11 @@ mod tests {
         assert!(PeriodRule::from_record("period:daily:6").is_none());
         assert!(PeriodRule::from_record("period:daily:12:UTC:").is_none());
         assert!(PeriodRule::from_record("period:daily:6:Mars/Base:").is_none());
+        // Zones that resolve but name no place: each host's own zone, or none.
+        for zone in ["localtime", "Factory", "posixrules"] {
+            let record = format!("period:daily:6:{zone}:");
+            assert!(PeriodRule::from_record(&record).is_none(), "{record}");
+        }
         assert_eq!(
             window_of_marker(Some("period:monthly:4:UTC:X")),
             Some(crate::storage::Window {

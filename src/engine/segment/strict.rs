@@ -271,9 +271,9 @@ impl SegmentEngine {
             self.refuse_row(buffer, row.max_id, refusal)?;
         }
         let floor = rule.first_position(now);
-        let marker = rule.served_marker();
+        let record = rule.record();
         let raised =
-            super::admin::retry_conflicts(|| self.store.raise(&buffer.name, floor, &marker)).await;
+            super::admin::retry_conflicts(|| self.store.raise(&buffer.name, floor, &record)).await;
         match raised {
             Ok(max_id) => {
                 {

@@ -164,8 +164,8 @@ impl SegmentStore for SlowStore {
     async fn resplit(&self, tag: &str, split: Option<&str>, start: i64) -> Result<i64, StoreError> {
         self.inner.resplit(tag, split, start).await
     }
-    async fn raise(&self, tag: &str, floor: i64, marker: &str) -> Result<i64, StoreError> {
-        self.inner.raise(tag, floor, marker).await
+    async fn raise(&self, tag: &str, floor: i64, record: &str) -> Result<i64, StoreError> {
+        self.inner.raise(tag, floor, record).await
     }
     async fn claim_opaque(
         &self,

@@ -57,6 +57,22 @@ pub(super) fn read_tail(path: &Path) -> Result<Option<Tail>, String> {
         .map_err(|e| format!("{}: no record of the log's length ({e})", file.display()))
 }
 
+/// The directory's lock taken shared, while it is held (`None`: no lock file yet, or a
+/// filesystem that does not lock, where a log read after the record still holds what it says).
+fn shared_lock(path: &Path) -> Result<Option<LockGuard>, String> {
+    let file = suffixed(path, ".lock");
+    let lock = match File::open(&file) {
+        Ok(lock) => lock,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("segment marks {}: {e}", file.display())),
+    };
+    match lock.lock_shared() {
+        Ok(()) => Ok(Some(LockGuard(lock))),
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => Ok(None),
+        Err(e) => Err(format!("segment marks {}: {e}", file.display())),
+    }
+}
+
 /// Why a log read as `log` (a missing one when `None`) lost what `tail` says it held, beside
 /// a newest readable snapshot `snapshot_seq`.
 fn tail_lost(tail: Tail, log: Option<&LogRead>, snapshot_seq: u64) -> Option<String> {
@@ -273,8 +289,13 @@ pub(super) struct Opened {
 impl Journal {
     /// Reads the newest snapshot and the log after it.
     pub fn open(path: PathBuf) -> Result<Opened, String> {
-        // The lock file's record first: another process sharing the directory may append
-        // meanwhile, and the log read after it then holds at least what it says.
+        // Another process sharing the directory appends and compacts under its exclusive lock:
+        // a shared one over these reads sees the snapshot, the log and the lock file's record
+        // of one moment (not a snapshot from before its compaction and a log from after). A
+        // directory without a lock file has no other writer; none is created here.
+        let _shared = shared_lock(&path)?;
+        // The lock file's record first: were the lock not taken (a filesystem without locks),
+        // the log read after it still holds at least what it says.
         let tail = read_tail(&path);
         let (newest, unreadable) = read_newest(&path)?;
         let has_snapshot = newest.is_some();
