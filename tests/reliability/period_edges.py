@@ -7,7 +7,9 @@ clock was in):
   * INCRBY larger than what is left of the day: refused whole, nothing taken;
   * 150 concurrent INCRs (50 pipelined per node) of a tag with one sequence digit: exactly the
     day's nine numbers, the others refused; after midnight the next day's nine, from 1;
-  * SKIP, STEP, SPLIT, SKIPALL on period tags: within the period, SPLIT refused, no month 13;
+  * SKIP, STEP, SPLIT, SKIPALL on period tags from a node two hours before midnight: within the
+    period, SPLIT refused, no month 13; a SKIP 30 s before midnight skips the next day's
+    numbers too (a node ahead may have served them before a restore) and serves them early;
   * the failover margin (MariaDB, PostgreSQL: the rows' writer changed as a lossy failover
     leaves it): within the period;
   * a node listing a strict tag without `order = "strict"`: refused, the strict nodes' IDs in
@@ -70,11 +72,11 @@ def run(binary, dialect):
             {"tag": "s", "step": 100, "order": "strict"}]
     failures, nodes, issued = [], [], []
 
-    def node(label, seeds, worker):
+    def node(label, seeds, worker, behind_s=0):
         config = {"segment": {"failover_margin": 1000}, "segment.tags": seeds,
                   "snowflake": {"coordinator": "static", "worker_id": worker}}
         n = leafd.Node(binary, work, label, url, config=config,
-                       env=leafd.faketime_env(f"+{offset}"))
+                       env=leafd.faketime_env(f"{offset - behind_s:+d}"))
         nodes.append(n)
         return n.start().wait_ready(30)
 
@@ -119,8 +121,10 @@ def run(binary, dialect):
         ids, errors = burst("one")
         expect("150 INCRs of one digit", ids, [int(f"{day}{s}") for s in range(1, 10)])
         expect("their refusals", [e for e in errors if f"period {day} has used all its 9" not in e], [])
-        # Admin commands on period tags.
-        call(a, "LEAF.TAG", "SKIP", "ord", 10)
+        # Admin commands on period tags, from a node whose clock is two hours before midnight
+        # (nearer, a skip also takes the next day's numbers: below).
+        early = node("early", tags, 8, behind_s=7200)
+        call(early, "LEAF.TAG", "SKIP", "ord", 10)
         expect("INCR after SKIP 10", call(c, "INCR", "segment:ord"), int(f"{day}0013"))
         expect("STEP", call(a, "LEAF.TAG", "STEP", "mon", 50), "OK")
         expect("SPLIT of a period tag", str(call(a, "LEAF.TAG", "SPLIT", "mon", 2, 0, 100)),
@@ -133,7 +137,7 @@ def run(binary, dialect):
                 name)
             expect("INCR after the failover margin", call(a, "INCR", "segment:ord"),
                    int(f"{day}1014"))
-        call(c, "LEAF.TAG", "SKIPALL", 1000000000)
+        call(early, "LEAF.TAG", "SKIPALL", 1000000000)
         expect("monthly INCR after SKIPALL", str(call(a, "INCR", "segment:mon")),
                lambda r: f"period {month} has used all" in r)
         # A node listing the strict tag without order = "strict".
@@ -149,6 +153,14 @@ def run(binary, dialect):
         expect("run-time strict", [call(n, "INCR", "segment:rs") for n in (b, c, b)], [1, 2, 3])
         expect("run-time period", call(c, "INCR", "segment:rd"), int(f"{day}0001"))
         expect("its code", call(b, "LEAF.CODE", "rd"), f"INV{day}0002")
+        # Within a minute of midnight a SKIP also skips the next day's first numbers, and the
+        # row is left there: served (a day early, as by a node whose clock is ahead) from them.
+        expect("CREATE nx", call(a, "LEAF.TAG", "CREATE", "nx", 100, "PERIOD", "daily", "ZONE",
+                                 "Asia/Shanghai", "DIGITS", 4), "OK")
+        expect("nx today", call(b, "INCR", "segment:nx"), int(f"{day}0001"))
+        call(a, "LEAF.TAG", "SKIP", "nx", 5)
+        expect("nx after a SKIP 5 before midnight", call(c, "INCR", "segment:nx"),
+               int(f"{next_day}0006"))
         # Past midnight: the next day from 1, with all its numbers.
         time.sleep(max(0.0, midnight - (time.time() + offset) + 1.5))
         ids, _ = burst("one")
@@ -159,7 +171,7 @@ def run(binary, dialect):
         if len(set(values)) != len(values):
             failures.append(f"repeated IDs: {len(values) - len(set(values))}")
         for who, args, r in issued:
-            if args[1] in ("segment:ord", "segment:one", "segment:rd") and \
+            if args[1] in ("segment:ord", "segment:one", "segment:rd", "segment:nx") and \
                     not str(r).startswith((day, next_day)):
                 failures.append(f"{who} {args}: {r} is dated neither {day} nor {next_day}")
         print(f"  {dialect}: {len(values)} IDs from {len(nodes)} nodes around {day}/{next_day} "

@@ -154,7 +154,7 @@ impl SegmentEngine {
         let margin = self.settings.failover_margin;
         // The row's rule, else (a row no period node has recorded yet) this node's.
         let configured = self.settings.period.get(tag);
-        let rule: Option<std::sync::Arc<str>> = super::period::marker_of_record(recorded)
+        let rule_marker: Option<std::sync::Arc<str>> = super::period::marker_of_record(recorded)
             .or_else(|| configured.map(|rule| rule.marker()))
             .map(Into::into);
         let window = super::period::window_of_marker(recorded)
@@ -166,12 +166,43 @@ impl SegmentEngine {
         };
         // This node's period first, when it serves the tag with a period (its own rule, or the
         // row's record: whether or not a request built the tag's buffers here): the numbers a
-        // restore lost are of the period the cluster is in, not of the row's older one.
-        if let Some(rule) = self.period_rule_of(tag, recorded) {
-            let floor = rule.first_position(rule.period_at(self.clock.now_millis()));
-            let record = rule.record();
-            retry_conflicts(|| self.store.raise(tag, floor, &record)).await?;
+        // restore lost are of the period the cluster is in, not of the row's older one. Within
+        // PERIOD_AHEAD_MS of that period's end a node whose clock is ahead may already have
+        // served the next period's numbers (which the restore lost too): those are skipped
+        // as well, and the row is left in the next period, which nodes this close to its start
+        // serve already.
+        let Some(rule) = self.period_rule_of(tag, recorded) else {
+            return self.skip_in_period(tag, rule_marker, window, n).await;
+        };
+        let now_ms = self.clock.now_millis();
+        let now = rule.period_at(now_ms);
+        let next = rule.period_at(now_ms.saturating_add(super::period::PERIOD_AHEAD_MS));
+        let record = rule.record();
+        let mut max_id = 0;
+        for period in [now, next].into_iter().take(if next > now { 2 } else { 1 }) {
+            let floor = rule.first_position(period);
+            max_id = retry_conflicts(|| self.store.raise(tag, floor, &record)).await?;
+            // A row already in a later period has none of this one's numbers left to skip.
+            if rule.period_of(max_id) == period {
+                max_id = self
+                    .skip_in_period(tag, rule_marker.clone(), window, n)
+                    .await?;
+            }
         }
+        Ok(max_id)
+    }
+
+    /// Skips `n` numbers of the period the row is in (at most the rest of it) under the period
+    /// rule `rule` (a marker; `None`: a row no period node has recorded or configured yet is
+    /// moved unchecked); the `max_id` after.
+    async fn skip_in_period(
+        &self,
+        tag: &str,
+        rule: Option<std::sync::Arc<str>>,
+        window: crate::storage::Window,
+        n: i64,
+    ) -> Result<i64, SegmentError> {
+        let margin = self.settings.failover_margin;
         let mut wanted = n;
         for _ in 0..4 {
             let grant = crate::storage::Grant {

@@ -660,3 +660,40 @@ async fn a_period_skip_moves_into_today_on_a_node_that_never_served_the_tag() {
     );
     assert_eq!(engine.next_ids("p", 1).await.unwrap(), 20261201004);
 }
+
+/// SKIP of a period tag within PERIOD_AHEAD_MS of its period's end skips the next period's
+/// numbers too: a node whose clock was ahead may have served them before a restore lost them
+/// (the simulation found them served again after the runbook's SKIPALL); the row is left in
+/// the next period, which a node this close to its start serves already. Earlier in the day
+/// the skip stays in the day.
+#[tokio::test(flavor = "current_thread")]
+async fn a_period_skip_near_the_periods_end_skips_the_next_period_too() {
+    // 2026-11-30T23:59:30Z, then 23:58:30Z.
+    for (now_ms, skipped_to, next) in [
+        (1_796_083_170_000, 202612010004, 20261201004),
+        (1_796_083_110_000, 202611300009, 20261130009),
+    ] {
+        let clock = Arc::new(ManualClock::new(now_ms));
+        let store = Arc::new(MemoryStore::new());
+        let new = crate::storage::NewTag {
+            tag: "p".into(),
+            start: 202611300006,
+            step: 10,
+            description: None,
+            split: Some("period:daily:3:UTC:".into()),
+            max_tags: 10,
+        };
+        store.create_tag(&new).await.unwrap();
+        let engine = SegmentEngine::new(
+            store.clone(),
+            crate::storage::SegmentMarks::in_memory(),
+            SegmentSettings::default(),
+            clock,
+            Arc::new(()),
+        );
+        engine.skip("p", 3).await.unwrap();
+        let row = store.row("p").await.unwrap().unwrap();
+        assert_eq!(row.max_id, skipped_to, "at {now_ms}");
+        assert_eq!(engine.next_ids("p", 1).await.unwrap(), next, "at {now_ms}");
+    }
+}
