@@ -47,23 +47,23 @@ pub fn same_rule(recorded: &str, marker: &str) -> bool {
 /// The calendar and digits of a period marker (`period:daily:6:UTC` → `period:daily:6`), what
 /// the statements compare with a row's record; the time zone is checked on what they read.
 pub fn position_marker(marker: &str) -> &str {
-    let Some(rest) = marker.strip_prefix(PERIOD_RECORD) else {
-        return marker;
-    };
-    match rest.match_indices(':').nth(1) {
-        Some((at, _)) => &marker[..PERIOD_RECORD.len() + at],
-        None => marker,
-    }
+    leading_fields(marker, 2)
 }
 
 /// The calendar, digits and time zone of a whole period record, without its prefix
 /// (`period:daily:6:UTC:ORD` → `period:daily:6:UTC`): how the node serves the tag, which a
 /// row's record must agree with ([`same_rule`]); the prefix may differ.
 pub fn served_marker(record: &str) -> &str {
+    leading_fields(record, 3)
+}
+
+/// A period record cut to its first `fields` fields after `period:` (the whole of it when it
+/// has no more, or is no period record).
+fn leading_fields(record: &str, fields: usize) -> &str {
     let Some(rest) = record.strip_prefix(PERIOD_RECORD) else {
         return record;
     };
-    match rest.match_indices(':').nth(2) {
+    match rest.match_indices(':').nth(fields - 1) {
         Some((at, _)) => &record[..PERIOD_RECORD.len() + at],
         None => record,
     }
@@ -291,6 +291,16 @@ impl LeafAlloc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_period_record_is_cut_to_its_leading_fields() {
+        let record = "period:daily:6:Asia/Shanghai:ORD";
+        assert_eq!(position_marker(record), "period:daily:6");
+        assert_eq!(served_marker(record), "period:daily:6:Asia/Shanghai");
+        assert_eq!(served_marker("period:daily:6:UTC:"), "period:daily:6:UTC");
+        assert_eq!(served_marker("period:daily:6"), "period:daily:6");
+        assert_eq!(position_marker("order:strict"), "order:strict");
+    }
 
     #[test]
     fn a_split_may_only_narrow() {
