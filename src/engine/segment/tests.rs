@@ -627,14 +627,9 @@ async fn a_sweep_whose_cursor_does_not_move_stops() {
     assert_eq!(engine.tag_count(), tags, "nothing removed");
 }
 
-/// SKIP of a period tag on a node that never served it (and does not list it) first moves the
-/// row into the node's current period, by the rule the row records: after a restore the lost
-/// numbers are the current period's (the simulation found the row skipped within yesterday,
-/// and today's lost numbers served again).
-#[tokio::test(flavor = "current_thread")]
-async fn a_period_skip_moves_into_today_on_a_node_that_never_served_the_tag() {
-    // 2026-12-01T00:00:10Z.
-    let clock = Arc::new(ManualClock::new(1_796_083_210_000));
+/// A node that does not list tag `p`, whose row records `period:daily:3:UTC:` at 30 November's
+/// sixth number, with its clock at `now_ms`.
+async fn unlisted_period_tag_at(now_ms: u64) -> (Arc<MemoryStore>, Arc<SegmentEngine>) {
     let store = Arc::new(MemoryStore::new());
     let new = crate::storage::NewTag {
         tag: "p".into(),
@@ -649,9 +644,20 @@ async fn a_period_skip_moves_into_today_on_a_node_that_never_served_the_tag() {
         store.clone(),
         crate::storage::SegmentMarks::in_memory(),
         SegmentSettings::default(),
-        clock,
+        Arc::new(ManualClock::new(now_ms)),
         Arc::new(()),
     );
+    (store, engine)
+}
+
+/// SKIP of a period tag on a node that never served it (and does not list it) first moves the
+/// row into the node's current period, by the rule the row records: after a restore the lost
+/// numbers are the current period's (the simulation found the row skipped within yesterday,
+/// and today's lost numbers served again).
+#[tokio::test(flavor = "current_thread")]
+async fn a_period_skip_moves_into_today_on_a_node_that_never_served_the_tag() {
+    // 2026-12-01T00:00:10Z.
+    let (store, engine) = unlisted_period_tag_at(1_796_083_210_000).await;
     engine.skip("p", 3).await.unwrap();
     let row = store.row("p").await.unwrap().unwrap();
     assert_eq!(
@@ -673,24 +679,7 @@ async fn a_period_skip_near_the_periods_end_skips_the_next_period_too() {
         (1_796_083_170_000, 202612010004, 20261201004),
         (1_796_083_110_000, 202611300009, 20261130009),
     ] {
-        let clock = Arc::new(ManualClock::new(now_ms));
-        let store = Arc::new(MemoryStore::new());
-        let new = crate::storage::NewTag {
-            tag: "p".into(),
-            start: 202611300006,
-            step: 10,
-            description: None,
-            split: Some("period:daily:3:UTC:".into()),
-            max_tags: 10,
-        };
-        store.create_tag(&new).await.unwrap();
-        let engine = SegmentEngine::new(
-            store.clone(),
-            crate::storage::SegmentMarks::in_memory(),
-            SegmentSettings::default(),
-            clock,
-            Arc::new(()),
-        );
+        let (store, engine) = unlisted_period_tag_at(now_ms).await;
         engine.skip("p", 3).await.unwrap();
         let row = store.row("p").await.unwrap().unwrap();
         assert_eq!(row.max_id, skipped_to, "at {now_ms}");
