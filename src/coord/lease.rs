@@ -110,11 +110,14 @@ impl LeaseCoordinator {
             // issue until its first renewal finds the record changed (then it stops): the old
             // IDs are bounded a lease past now, not by the fences alone.
             let now = self.clock.now_millis();
-            let fence = rows
-                .iter()
-                .map(|r| r.fence_ms.max(0) as u64)
-                .max()
-                .unwrap_or(0);
+            let mut fence = 0;
+            for row in &rows {
+                let id = row.worker_id.max(0) as u64;
+                fence = fence.max(
+                    inherited_fence(self.table(), id, row.fence_ms)
+                        .map_err(CoordError::LayoutChange)?,
+                );
+            }
             self.layout
                 .may_follow(&other, fence.max(now + self.lease_ms), now)
                 .map_err(|why| {
@@ -193,7 +196,9 @@ impl LeaseCoordinator {
                     worker_id = id,
                     "the worker id this node held before is free again"
                 );
-                return Ok(Some((id, floor.max(0) as u64)));
+                let floor =
+                    inherited_fence(self.table(), id, floor).map_err(CoordError::Database)?;
+                return Ok(Some((id, floor)));
             }
         }
         Ok(None)
@@ -202,6 +207,17 @@ impl LeaseCoordinator {
 
 fn db(e: crate::storage::StoreError) -> CoordError {
     CoordError::Database(e.to_string())
+}
+
+/// The fence a claim read for `worker_id` (its previous holder issued up to it), checked: a
+/// negative one is no time (a row edited by hand, or damaged), so how far that holder issued is
+/// not known and the id is refused rather than issued from this node's clock.
+pub(super) fn inherited_fence(place: &str, worker_id: u64, fence_ms: i64) -> Result<u64, String> {
+    u64::try_from(fence_ms).map_err(|_| {
+        format!(
+            "{place} records fence_ms {fence_ms} for worker id {worker_id}: not a time, so how far its previous holder issued is not known; set it to a UNIX time in ms at or after that holder's last ID (or now plus the lease)"
+        )
+    })
 }
 
 #[async_trait]
@@ -239,7 +255,9 @@ impl Coordinator for LeaseCoordinator {
                     .await
                     .map_err(db)?
                 {
-                    granted = Some((id, floor.max(0) as u64));
+                    let floor =
+                        inherited_fence(self.table(), id, floor).map_err(CoordError::Database)?;
+                    granted = Some((id, floor));
                     break;
                 }
             }
@@ -457,6 +475,9 @@ mod tests {
         fn last_ms(&self) -> u64 {
             u64::MAX
         }
+        fn max_worker_id(&self) -> u64 {
+            3
+        }
         fn may_follow(&self, _: &str, _: u64, _: u64) -> Result<(), String> {
             Ok(())
         }
@@ -491,5 +512,101 @@ mod tests {
         // The lease it took is given back at once.
         let rows = inner.workers().await.unwrap();
         assert!(rows.iter().all(|r| !r.lease.live()), "{rows:?}");
+    }
+
+    fn coordinator(store: Arc<MemoryStore>, dir: &std::path::Path) -> LeaseCoordinator {
+        LeaseCoordinator {
+            store,
+            endpoint: "127.0.0.1:6380".into(),
+            max_worker_id: 0,
+            lease_ms: 2000,
+            clock: Arc::new(SystemClock),
+            state_file: dir.join("worker.json"),
+            layout: Arc::new(Fixed("this layout")),
+            link: None,
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_negative_fence_in_the_row_refuses_the_worker_id() {
+        let store = Arc::new(MemoryStore::new());
+        // A previous holder's row, its fence edited by hand to a value that is no time.
+        assert_eq!(store.claim(0, "old", 1).await.unwrap(), Some(0));
+        store.release(0, "old", -5).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let err = match coordinator(store.clone(), dir.path())
+            .acquire(Arc::new(IssueLimit::new()))
+            .await
+        {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("issued after a fence of -5"),
+        };
+        assert!(
+            err.contains("leaf_worker records fence_ms -5 for worker id 0: not a time"),
+            "{err}"
+        );
+        // Nothing remembered: a restart does not ask for that id as its own.
+        assert!(!dir.path().join("worker.json").exists());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_negative_fence_in_any_row_refuses_a_layout_change() {
+        let store = Arc::new(MemoryStore::new());
+        store.record_layout(None, "the old layout").await.unwrap();
+        assert_eq!(store.claim(7, "old", 1).await.unwrap(), Some(0));
+        store.release(7, "old", -1).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let err = match coordinator(store.clone(), dir.path())
+            .acquire(Arc::new(IssueLimit::new()))
+            .await
+        {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("changed the layout past a fence of -1"),
+        };
+        assert!(
+            err.contains(
+                "snowflake layout change refused: leaf_worker records fence_ms -1 for worker id 7"
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            store
+                .record_layout(Some("x"), "x")
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("the old layout")
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_worker_id_wider_than_the_layout_is_refused_before_its_fence_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let coordinator = crate::coord::static_id::StaticCoordinator {
+            worker_id: 4,
+            lock_paths: Vec::new(),
+        };
+        let fence = dir.path().join("fence.json");
+        let err = match crate::coord::start(
+            &coordinator,
+            &Fixed("this layout"),
+            crate::coord::fence_file::FenceFile::new(&fence),
+            crate::coord::fence::FenceSettings {
+                window_ms: 1000,
+                max_start_wait_ms: 0,
+            },
+            Arc::new(SystemClock),
+        )
+        .await
+        {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("started with worker id 4 in a layout of 0 to 3"),
+        };
+        assert_eq!(
+            err,
+            "the static coordinator gave worker id 4, and the snowflake layout has worker ids 0 to 3 only (its IDs would carry worker id 0); refusing to start"
+        );
+        let written: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(written.is_empty(), "{written:?}");
     }
 }

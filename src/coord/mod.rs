@@ -31,6 +31,8 @@ pub trait LayoutRecord: Send + Sync {
     fn epoch_ms(&self) -> u64;
     /// The last millisecond the layout can encode: the clock must not be past it.
     fn last_ms(&self) -> u64;
+    /// The highest worker id the layout can encode: a wider one would issue another's IDs.
+    fn max_worker_id(&self) -> u64;
     /// `Ok` when every ID this layout issues from `now_ms` on is above every ID the layout
     /// `previous` (a descriptor) could have issued, by any worker, up to `fence_ms`; else why.
     fn may_follow(&self, previous: &str, fence_ms: u64, now_ms: u64) -> Result<(), String>;
@@ -49,6 +51,13 @@ pub enum CoordError {
     ClockSkew { skew: i64, max: u64 },
     #[error("no free worker id: {0}")]
     NoFreeWorkerId(String),
+    #[error("the {kind} coordinator gave worker id {worker_id}, and the snowflake layout has worker ids 0 to {max} only (its IDs would carry worker id {masked}); refusing to start")]
+    WorkerIdTooWide {
+        kind: &'static str,
+        worker_id: u64,
+        max: u64,
+        masked: u64,
+    },
     #[error("ZooKeeper unreachable ({0}) and no usable worker-id cache")]
     Unreachable(String),
     #[error("ZooKeeper: {0}")]
@@ -210,6 +219,19 @@ pub async fn start(
     }
     let limit = Arc::new(IssueLimit::new());
     let held = coordinator.acquire(limit.clone()).await?;
+    // Every coordinator bounds its ids by the layout; one read from a store or a file that
+    // passed that bound anyway is refused here, before its fence file is touched.
+    let max = layout.max_worker_id();
+    if held.worker_id() > max {
+        let worker_id = held.worker_id();
+        held.close(None).await;
+        return Err(CoordError::WorkerIdTooWide {
+            kind: coordinator.kind(),
+            worker_id,
+            max,
+            masked: worker_id & max,
+        });
+    }
     let shared_fence = match fence_file.load() {
         Ok(fence) => fence,
         Err(e) => {

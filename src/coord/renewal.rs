@@ -25,12 +25,9 @@ async fn claim_again(
     worker_id: u64,
     owner: &str,
     lease: i64,
-) -> Result<Option<u64>, crate::storage::StoreError> {
+) -> Result<Option<i64>, crate::storage::StoreError> {
     store.instance_changed_within(lease).await?;
-    Ok(store
-        .claim(worker_id as i64, owner, lease)
-        .await?
-        .map(|fence| fence.max(0) as u64))
+    store.claim(worker_id as i64, owner, lease).await
 }
 
 /// How soon a failed lease renewal is tried again (a few statements a second per node).
@@ -93,6 +90,17 @@ impl LeaseRenewal {
             if reclaim {
                 match claim_again(store.as_ref(), worker_id, &owner, lease).await {
                     Ok(Some(fence)) => {
+                        let fence = match super::lease::inherited_fence(
+                            store.keeper().place,
+                            worker_id,
+                            fence,
+                        ) {
+                            Ok(fence) => fence,
+                            Err(why) => {
+                                limit.revoke(format!("{why}; this node stopped issuing"));
+                                return;
+                            }
+                        };
                         reclaim = false;
                         // A whole lease from when the claim committed, not from when it was
                         // sent: a claim held up (a stalled link, lock waits) for longer than a

@@ -387,7 +387,7 @@ where
                 Ok(WorkerRow {
                     worker_id: row.try_get(0)?,
                     owner: row.try_get(1)?,
-                    lease: Lease::Timed(lease_until - db_now),
+                    lease: Lease::Timed(lease_until.saturating_sub(db_now)),
                     fence_ms: row.try_get(3)?,
                 })
             })

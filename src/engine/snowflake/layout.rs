@@ -199,6 +199,10 @@ impl LayoutRecord for Layout {
         self.max_timestamp_ms()
     }
 
+    fn max_worker_id(&self) -> u64 {
+        Layout::max_worker_id(self)
+    }
+
     fn may_follow(&self, previous: &str, fence_ms: u64, now_ms: u64) -> Result<(), String> {
         if previous == self.descriptor() {
             return Ok(());
