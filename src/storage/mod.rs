@@ -21,6 +21,7 @@ pub mod session;
 mod sql_store;
 mod sqlite;
 mod workers;
+mod writer_turns;
 
 use std::sync::Arc;
 

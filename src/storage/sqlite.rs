@@ -14,6 +14,7 @@ use super::common::SharedSql;
 use super::dialect::Dialect;
 use super::sql_store::SqlStore;
 use super::workers::LeaseTable;
+use super::writer_turns::WriterTurns;
 use super::{Grant, LeafAlloc, NewTag, StoreError};
 use crate::config::StorageConfig;
 
@@ -21,6 +22,8 @@ pub struct SqliteStore {
     pool: SqlitePool,
     /// One allocation of this process at a time (see its `SqlStore` impl).
     writes: tokio::sync::Mutex<()>,
+    /// And turns with the other processes on the file.
+    turns: WriterTurns,
 }
 
 impl SqliteStore {
@@ -80,6 +83,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             pool,
             writes: tokio::sync::Mutex::new(()),
+            turns: WriterTurns::beside(&path),
         })
     }
 }
@@ -201,13 +205,18 @@ const INSERT: &str =
     "INSERT INTO leaf_alloc (biz_tag, max_id, exclusive_max, step, description, split) \
     VALUES (?1, ?2, ?2, ?3, ?4, ?5)";
 
+/// How long an allocation waits for its turn before it goes to SQLite's busy handler anyway
+/// (a holder paused, or on a filesystem whose locks do not wake waiters).
+const TURN_WAIT: Duration = Duration::from_secs(2);
+
 const SET_STEP: &str =
     "UPDATE leaf_alloc SET step = ?1, update_time = CURRENT_TIMESTAMP WHERE biz_tag = ?2";
 
 /// One file has one writer: a SQLite database has no replica to fail over to, so the failover
 /// margin of a grant never applies, and `writes` lets one allocation of this process at a time
 /// ask for the file's write lock: connections that find it taken sleep in SQLite's busy handler
-/// (1 ms, 2 ms, 5 ms …) while the lock, held a tenth of a millisecond, goes unused.
+/// (1 ms, 2 ms, 5 ms …) while the lock, held a tenth of a millisecond, goes unused. Processes
+/// sharing the file take turns ([`WriterTurns`]) for the same reason.
 #[async_trait]
 impl SqlStore for SqliteStore {
     type DB = Sqlite;
@@ -219,6 +228,7 @@ impl SqlStore for SqliteStore {
     async fn allocate(&self, tag: &str, grant: Grant) -> Result<LeafAlloc, StoreError> {
         let grant = &grant;
         let _one_writer = self.writes.lock().await;
+        let _turn = self.turns.take(TURN_WAIT).await;
         committed(&self.pool, |mut tx| async move {
             let alloc =
                 SharedSql::allocate_returning(&mut tx, tag, grant, ALLOCATE, EXISTS).await?;
@@ -232,6 +242,7 @@ impl SqlStore for SqliteStore {
         requests: &[(String, Grant)],
     ) -> Result<Vec<Result<LeafAlloc, StoreError>>, StoreError> {
         let _one_writer = self.writes.lock().await;
+        let _turn = self.turns.take(TURN_WAIT).await;
         committed(&self.pool, |mut tx| async move {
             let mut out = Vec::with_capacity(requests.len());
             for (tag, grant) in requests {
