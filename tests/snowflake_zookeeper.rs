@@ -610,3 +610,55 @@ async fn the_layout_is_recorded_in_zookeeper_and_a_change_is_checked() {
     );
     assert!(err.to_string().contains("may reach"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forever_node_leaf_wrote_sets_the_floor_and_one_nobody_can_read_is_refused() {
+    let Some(cluster) = Cluster::new("forever_data_read") else {
+        return;
+    };
+    let zk = cluster.client().await;
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    for path in [
+        cluster.cfg.root.clone(),
+        format!("{}/{}", cluster.cfg.root, cluster.cfg.cluster),
+        cluster.forever(),
+    ] {
+        match zk.create(&path, b"", &persistent).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => panic!("{path}: {e}"),
+        }
+    }
+    // A Leaf node that ran on this address, its last report 5 s ahead of this clock (Leaf
+    // reports every 3 s, so it may have issued up to 3 s past it).
+    let leaf_endpoint = "10.0.9.1:8080";
+    let ahead = SystemClock.now_millis() + 5000;
+    zk.create(
+        &format!("{}/{leaf_endpoint}-0000000004", cluster.forever()),
+        format!(r#"{{"ip":"10.0.9.1","port":"8080","timestamp":{ahead}}}"#).as_bytes(),
+        &persistent,
+    )
+    .await
+    .unwrap();
+    let worker = cluster.acquire(leaf_endpoint).await.unwrap();
+    assert_eq!((worker.worker_id, worker.floor_ms), (4, ahead + 3000));
+    worker.close().await;
+
+    // Data edited by hand under another address: refused before its liveness node exists.
+    let damaged = "10.0.9.2:8080";
+    let path = format!("{}/{damaged}-0000000007", cluster.forever());
+    zk.create(&path, b"{\"endpoint\":", &persistent)
+        .await
+        .unwrap();
+    let err = match cluster.acquire(damaged).await {
+        Err(e) => e.to_string(),
+        Ok(w) => panic!("took worker id {} from data nobody can read", w.worker_id),
+    };
+    assert_eq!(
+        err,
+        format!("no free worker id: ZooKeeper node {path} holds \"{{\\\"endpoint\\\":\", neither leafd's nor Leaf's worker data: how far its last holder issued is not known; restore it, or delete the node to give the id up")
+    );
+    let alive = format!("{}/{}/alive", cluster.cfg.root, cluster.cfg.cluster);
+    let held = zk.list_children(&alive).await.unwrap_or_default();
+    assert!(!held.contains(&"7".to_string()), "{held:?}");
+}

@@ -46,7 +46,7 @@ pub(super) async fn adopt(
                 .read(client, &registry.forever_path(&child))
                 .await?
             {
-                fence = fence.max(data.floor());
+                fence = fence.max(data.map_err(CoordError::LayoutChange)?.floor());
             }
         }
         // As with the database: a node of the old layout that has just checked but not yet

@@ -40,6 +40,46 @@ impl NodeData {
     }
 }
 
+/// What Leaf itself stores in its `forever` node (`SnowflakeZookeeperHolder.Endpoint`); it
+/// reports every [`LEAF_REPORT_MS`], so it may have issued up to that long after the last.
+#[derive(Deserialize)]
+struct LeafData {
+    ip: String,
+    port: serde_json::Value,
+    timestamp: u64,
+}
+
+/// How often a Leaf node writes its `timestamp` (`SnowflakeZookeeperHolder`'s schedule).
+const LEAF_REPORT_MS: u64 = 3000;
+
+/// The data at `path` (a `forever` child, whose name gives the worker id of Leaf's data).
+fn parse_data(path: &str, bytes: &[u8]) -> Result<NodeData, String> {
+    if let Ok(data) = serde_json::from_slice::<NodeData>(bytes) {
+        return Ok(data);
+    }
+    let child = path.rsplit('/').next().unwrap_or(path);
+    let leaf = serde_json::from_slice::<LeafData>(bytes)
+        .ok()
+        .zip(parse_child(child));
+    let port = leaf.as_ref().and_then(|(leaf, _)| match &leaf.port {
+        serde_json::Value::String(port) => Some(port.clone()),
+        serde_json::Value::Number(port) => Some(port.to_string()),
+        _ => None,
+    });
+    if let (Some((leaf, (_, worker_id))), Some(port)) = (leaf, port) {
+        return Ok(NodeData {
+            endpoint: format!("{}:{port}", leaf.ip),
+            worker_id,
+            timestamp: leaf.timestamp,
+            fence: leaf.timestamp.saturating_add(LEAF_REPORT_MS),
+        });
+    }
+    let shown: String = String::from_utf8_lossy(bytes).chars().take(80).collect();
+    Err(format!(
+        "ZooKeeper node {path} holds {shown:?}, neither leafd's nor Leaf's worker data: how far its last holder issued is not known; restore it, or delete the node to give the id up"
+    ))
+}
+
 /// The outcome of trying to take `alive/{id}`.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Claim {
@@ -194,13 +234,16 @@ impl Registry {
         .unwrap_or(Err(ZkError::Timeout))
     }
 
+    /// A `forever` node's data: leafd's, or Leaf's own (read as leafd's, its fence a report
+    /// interval past its last report), or why it is neither (`Err`: a node edited by hand or
+    /// damaged, whose holder's last ID is not known). `None` when the node does not exist.
     pub async fn read(
         &self,
         client: &Client,
         path: &str,
-    ) -> Result<Option<(NodeData, Stat)>, ZkError> {
+    ) -> Result<Option<(Result<NodeData, String>, Stat)>, ZkError> {
         match client.get_data(path).await {
-            Ok((bytes, stat)) => Ok(serde_json::from_slice(&bytes).ok().map(|d| (d, stat))),
+            Ok((bytes, stat)) => Ok(Some((parse_data(path, &bytes), stat))),
             Err(ZkError::NoNode) => Ok(None),
             Err(e) => Err(e),
         }
@@ -277,7 +320,7 @@ impl Registry {
             let mut floor_ms = 0;
             for name in &names {
                 if let Some((data, _)) = self.read(client, &self.forever_path(name)).await? {
-                    floor_ms = floor_ms.max(data.floor());
+                    floor_ms = floor_ms.max(data.map_err(CoordError::NoFreeWorkerId)?.floor());
                 }
             }
             if self.claim_alive(client, id, previous_session).await? == Claim::Claimed {
@@ -348,7 +391,8 @@ impl Registry {
             if id > self.max_worker_id || alive.iter().any(|a| a == &id.to_string()) {
                 continue;
             }
-            if let Some((data, _)) = self.read(client, &self.forever_path(child)).await? {
+            // An id whose data cannot be read is not reused: its holder's fence is unknown.
+            if let Some((Ok(data), _)) = self.read(client, &self.forever_path(child)).await? {
                 candidates.push((data.timestamp, id, child.clone()));
             }
         }
@@ -363,7 +407,7 @@ impl Registry {
             let dead_long_enough = match self.read(client, &path).await? {
                 // Our clock must be past the dead owner's fence: then no ID we issue can equal
                 // one it issued.
-                Some((data, stat))
+                Some((Ok(data), stat))
                     if now.saturating_sub(data.timestamp) >= grace_ms && now > data.floor() =>
                 {
                     Some((stat.version, data.floor()))
@@ -431,7 +475,7 @@ impl Registry {
             {
                 continue;
             }
-            if let Some((data, stat)) = self.read(client, &self.forever_path(&child)).await? {
+            if let Some((Ok(data), stat)) = self.read(client, &self.forever_path(&child)).await? {
                 skews.push(data.timestamp as i64 - stat.mtime);
             }
         }
@@ -559,5 +603,38 @@ mod tests {
         let data: NodeData =
             serde_json::from_str(r#"{"endpoint":"a:1","worker_id":3,"timestamp":99}"#).unwrap();
         assert_eq!((data.fence, data.floor()), (0, 99));
+    }
+
+    #[test]
+    fn leafs_own_data_reads_with_a_fence_one_report_past_it_and_other_data_is_refused() {
+        let path = "/snowflake/leaf/forever/10.0.0.7:8080-0000000005";
+        let leaf = parse_data(
+            path,
+            br#"{"ip":"10.0.0.7","port":"8080","timestamp":1765000000000}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (leaf.endpoint.as_str(), leaf.worker_id, leaf.floor()),
+            ("10.0.0.7:8080", 5, 1765000003000)
+        );
+        let numeric = parse_data(path, br#"{"ip":"10.0.0.7","port":8080,"timestamp":7}"#).unwrap();
+        assert_eq!(
+            (numeric.endpoint.as_str(), numeric.floor()),
+            ("10.0.0.7:8080", 3007)
+        );
+        let ours = parse_data(
+            path,
+            br#"{"endpoint":"a:1","worker_id":3,"timestamp":99,"fence":120}"#,
+        )
+        .unwrap();
+        assert_eq!((ours.worker_id, ours.floor()), (3, 120));
+        for garbage in [&b"garbage"[..], br#"{"ip":"10.0.0.7","timestamp":-1}"#, b""] {
+            let err = parse_data(path, garbage).unwrap_err();
+            assert!(
+                err.starts_with(&format!("ZooKeeper node {path} holds "))
+                    && err.contains("neither leafd's nor Leaf's worker data"),
+                "{err}"
+            );
+        }
     }
 }

@@ -213,7 +213,8 @@ async fn reconnect(
     let client = registry.connect().await?;
     client.mkdir(&registry.alive, &persistent()).await?;
     match registry.read(&client, path).await? {
-        Some((data, _)) if data.endpoint == registry.endpoint && data.worker_id == id => {}
+        Some((Ok(data), _)) if data.endpoint == registry.endpoint && data.worker_id == id => {}
+        // Another's, or data that cannot be read: not known to be this node's any more.
         Some(_) => return Ok(None),
         None => {
             // Started from the cache with a node that never existed, or that was reused
