@@ -740,3 +740,102 @@ async fn a_wiped_etcd_gives_no_worker_id_to_two_nodes() {
         app.close().await;
     }
 }
+
+/// One call to the shared etcd's JSON gateway.
+async fn etcd_call(etcd: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let reply = common::http_client()
+        .post(format!("{etcd}/v3/{path}"))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_slice(&reply.bytes().await.unwrap()).unwrap()
+}
+
+/// A `worker/0` value nobody wrote (edited by hand, damaged) refuses the id: nothing is issued on
+/// a fence that cannot be read, the lease taken for it is given back (no `alive/0` stays), and a
+/// layout change is refused too. Put right, the id is taken past the fence it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_value_nobody_can_read_refuses_the_id() {
+    use base64::Engine;
+    use serde_json::json;
+    let Some(etcd) = required_env("LEAFD_TEST_ETCD", "a_worker_value_nobody_can_read") else {
+        return;
+    };
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let cluster = unique_tag("etcd-damaged");
+    let worker = format!("/leafd/snowflake/{cluster}/worker/0");
+    let alive = format!("/leafd/snowflake/{cluster}/alive/0");
+    let state = tempfile::tempdir().unwrap();
+    let one_id = || {
+        let mut config = node(&etcd, &cluster, &state);
+        config.snowflake.worker_id_bits = 1;
+        config.snowflake.sequence_bits = 21;
+        config
+    };
+    for damaged in [
+        "garbage".to_string(),
+        r#"{"owner":"x","fence_ms":0}"#.to_string(),
+        r#"{"owner":"x","fence_ms":-5}"#.to_string(),
+    ] {
+        let put = etcd_call(
+            &etcd,
+            "kv/put",
+            json!({"key": b64(&worker), "value": b64(&damaged)}),
+        )
+        .await;
+        assert!(put.get("error").is_none(), "{put}");
+        let err = App::open(one_id())
+            .await
+            .err()
+            .expect("refused on a fence nobody can read")
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "etcd key {worker} holds {damaged:?}, not the owner and fence leafd writes"
+            )),
+            "{err}"
+        );
+        let range = etcd_call(&etcd, "kv/range", json!({"key": b64(&alive)})).await;
+        assert!(
+            range.get("kvs").is_none(),
+            "alive/0 kept after the refusal: {range}"
+        );
+    }
+    // A layout change reads every fence: refused on it too.
+    let mut other = one_id();
+    other.snowflake.time_unit_ms = 10;
+    let err = App::open(other).await.err().expect("refused").to_string();
+    assert!(err.contains(&format!("etcd key {worker} holds")), "{err}");
+    // Put right (a fence 3 s ahead of this clock, past the 2 s a claim waits anyway), and this
+    // node's state naming id 0 as the one it held: taken, and nothing issued before the fence.
+    std::fs::write(
+        state.path().join("snowflake-worker-etcd.json"),
+        br#"{"worker_id":0}"#,
+    )
+    .unwrap();
+    let fence = SystemClock.now_millis() + 3000;
+    let value = format!(r#"{{"owner":"x","fence_ms":{fence}}}"#);
+    etcd_call(
+        &etcd,
+        "kv/put",
+        json!({"key": b64(&worker), "value": b64(&value)}),
+    )
+    .await;
+    let app = App::open(one_id()).await.expect("starts");
+    let engine = app.snowflake().unwrap();
+    assert_eq!(engine.worker_id(), 0);
+    let layout = Layout {
+        worker_bits: 1,
+        sequence_bits: 21,
+        ..Layout::default()
+    };
+    for id in engine.next_ids(100).await.unwrap() {
+        let issued_ms = layout.decode(id).unwrap().timestamp_ms;
+        assert!(
+            issued_ms > fence,
+            "ID {id} at {issued_ms}, at or before the fence {fence}"
+        );
+    }
+    app.close().await;
+}

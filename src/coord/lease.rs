@@ -295,11 +295,13 @@ impl Coordinator for LeaseCoordinator {
         } else {
             floor_ms
         };
-        // The first fence is in the row before any ID can be issued.
+        // The first fence is in the row before any ID can be issued. The store keeps at least
+        // the inherited one: this node issues only past it, but a crash before its clock got
+        // there must not leave the next holder a lower fence than the previous holder's.
         let fence = self.fence_after_renewal();
         if !self
             .store
-            .renew(worker_id as i64, &owner, lease, fence as i64)
+            .renew(worker_id as i64, &owner, lease, fence.max(floor_ms) as i64)
             .await
             .map_err(db)?
         {
@@ -348,6 +350,7 @@ impl Coordinator for LeaseCoordinator {
             lease,
             interval: self.renew_interval(),
             half_lease_ms: self.lease_ms / 2,
+            inherited_ms: floor_ms,
             clock: self.clock.clone(),
             limit,
             stop: stop.clone(),
@@ -608,5 +611,74 @@ mod tests {
         );
         let written: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert!(written.is_empty(), "{written:?}");
+    }
+
+    /// A store whose renewals replace the fence, as etcd's do, recording each one written.
+    struct ReplacingRenewals {
+        inner: Arc<MemoryStore>,
+        written: std::sync::Mutex<Vec<i64>>,
+    }
+
+    #[async_trait]
+    impl WorkerLeaseStore for ReplacingRenewals {
+        fn keeper(&self) -> LeaseKeeper {
+            LeaseKeeper::DATABASE
+        }
+        async fn instance_changed_within(&self, window: i64) -> Result<bool, StoreError> {
+            self.inner.instance_changed_within(window).await
+        }
+        async fn claim(&self, id: i64, owner: &str, lease: i64) -> Result<Option<i64>, StoreError> {
+            self.inner.claim(id, owner, lease).await
+        }
+        async fn renew(
+            &self,
+            id: i64,
+            owner: &str,
+            lease: i64,
+            fence: i64,
+        ) -> Result<bool, StoreError> {
+            self.written.lock().unwrap().push(fence);
+            self.inner.renew(id, owner, lease, fence).await
+        }
+        async fn release(&self, id: i64, owner: &str, fence: i64) -> Result<(), StoreError> {
+            self.inner.release(id, owner, fence).await
+        }
+        async fn workers(&self) -> Result<Vec<WorkerRow>, StoreError> {
+            self.inner.workers().await
+        }
+        async fn record_layout(
+            &self,
+            expected: Option<&str>,
+            layout: &str,
+        ) -> Result<Option<String>, StoreError> {
+            self.inner.record_layout(expected, layout).await
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn renewals_never_write_less_than_the_fence_the_previous_holder_left() {
+        let inner = Arc::new(MemoryStore::new());
+        // The previous holder's clock was a minute ahead: its fence is a minute past this clock.
+        let inherited = SystemClock.now_millis() as i64 + 60_000;
+        assert_eq!(inner.claim(0, "old", 1).await.unwrap(), Some(0));
+        inner.release(0, "old", inherited).await.unwrap();
+        let store = Arc::new(ReplacingRenewals {
+            inner,
+            written: Default::default(),
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let mut coordinator = coordinator(Arc::new(MemoryStore::new()), dir.path());
+        coordinator.store = store.clone();
+        coordinator.lease_ms = 500;
+        let limit = Arc::new(IssueLimit::new());
+        let held = coordinator.acquire(limit.clone()).await.unwrap();
+        assert_eq!(held.floor_ms(), inherited as u64);
+        // This node's own lease bounds what it issues; what it writes keeps the inherited fence.
+        assert!(limit.fence_ms() < inherited as u64);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let written = store.written.lock().unwrap().clone();
+        assert!(written.len() >= 2, "{written:?}");
+        assert!(written.iter().all(|&f| f >= inherited), "{written:?} below {inherited}");
+        held.close(None).await;
     }
 }

@@ -46,6 +46,10 @@ pub(super) struct LeaseRenewal {
     pub lease: i64,
     pub interval: Duration,
     pub half_lease_ms: u64,
+    /// The fence the id's previous holders left: what this node writes never goes below it
+    /// (etcd's renewal replaces the value; a crash before this node's clock passed it must
+    /// not leave the next holder less).
+    pub inherited_ms: u64,
     pub clock: Arc<dyn Clock>,
     pub limit: Arc<IssueLimit>,
     pub stop: CancellationToken,
@@ -65,6 +69,7 @@ impl LeaseRenewal {
             lease,
             interval,
             half_lease_ms,
+            mut inherited_ms,
             clock,
             limit,
             stop,
@@ -102,6 +107,7 @@ impl LeaseRenewal {
                             }
                         };
                         reclaim = false;
+                        inherited_ms = inherited_ms.max(fence);
                         // A whole lease from when the claim committed, not from when it was
                         // sent: a claim held up (a stalled link, lock waits) for longer than a
                         // lease would otherwise resume at once beside a holder of the lost state.
@@ -122,7 +128,12 @@ impl LeaseRenewal {
             }
             let fence = now + half_lease_ms + interval.as_millis() as u64;
             match store
-                .renew(worker_id as i64, &owner, lease, fence as i64)
+                .renew(
+                    worker_id as i64,
+                    &owner,
+                    lease,
+                    fence.max(inherited_ms) as i64,
+                )
                 .await
             {
                 Ok(true) if now < resume_at_ms => {

@@ -73,6 +73,10 @@ pub enum StoreError {
     /// The node's segment marks exist but none can be read: the message says what to do.
     #[error("{0}")]
     MarksUnreadable(String),
+    /// A value the store holds is none leafd writes (edited by hand, or damaged): the message
+    /// names it and what to do. Nothing was taken on it.
+    #[error("{0}")]
+    Damaged(String),
 }
 
 /// The refusal of a node that serves a tag otherwise than its row records (`serves`), with

@@ -82,8 +82,10 @@ impl EtcdLeases {
             .gateway
             .call("lease/grant", json!({ "TTL": ttl }))
             .await?;
-        let id =
-            int_field(&reply, "ID").ok_or_else(|| unavailable(format!("lease/grant: {reply}")))?;
+        // Lease 0 is etcd's "no lease": a key put on it would never expire.
+        let id = int_field(&reply, "ID")
+            .filter(|&id| id > 0)
+            .ok_or_else(|| unavailable(format!("lease/grant: {reply}")))?;
         self.leases
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -99,21 +101,39 @@ impl EtcdLeases {
     }
 }
 
-/// The fence a range reply of `worker/{id}` carries (`None`: no such key).
-fn fence_in(responses: &[Value]) -> Option<i64> {
-    responses
-        .iter()
-        .filter_map(|r| {
-            r.get("response_range")?
-                .get("kvs")?
-                .as_array()?
-                .first()
-                .cloned()
-        })
-        .filter_map(|kv| serde_json::from_value::<Kv>(kv).ok())
-        .filter_map(|kv| serde_json::from_str::<WorkerValue>(&kv.value_text()).ok())
-        .map(|w| w.fence_ms)
-        .max()
+/// The fence a range reply of `worker/{id}` carries (`Ok(None)`: no such key), or why the
+/// key's value is none leafd writes.
+fn fence_in(responses: &[Value]) -> Result<Option<i64>, String> {
+    let mut fence = None;
+    for kv in responses.iter().filter_map(|r| {
+        r.get("response_range")?
+            .get("kvs")?
+            .as_array()?
+            .first()
+            .cloned()
+    }) {
+        let kv =
+            serde_json::from_value::<Kv>(kv).map_err(|e| format!("etcd: a range reply {e}"))?;
+        let value = worker_value(&kv)?;
+        fence = fence.max(Some(value.fence_ms));
+    }
+    Ok(fence)
+}
+
+/// The value of a `worker/{id}` key, checked: leafd writes a fence of its clock (never 0, nor
+/// negative), so any other value was edited or damaged and its holder's last ID is not known.
+fn worker_value(kv: &Kv) -> Result<WorkerValue, String> {
+    let text = kv.value_text();
+    match serde_json::from_str::<WorkerValue>(&text) {
+        Ok(value) if value.fence_ms > 0 => Ok(value),
+        _ => {
+            let shown: String = text.chars().take(80).collect();
+            Err(format!(
+                "etcd key {} holds {shown:?}, not the owner and fence leafd writes: how far the worker id's last holder issued is not known; put back {{\"owner\":\"…\",\"fence_ms\":<a UNIX time in ms at or after its last ID>}}, or delete the key once that time has passed",
+                kv.key_text()
+            ))
+        }
+    }
 }
 
 #[async_trait]
@@ -161,10 +181,23 @@ impl WorkerLeaseStore for EtcdLeases {
             }
             return Ok(None);
         }
+        let fence = match fence_in(&responses) {
+            Ok(fence) => fence,
+            Err(why) => {
+                // Given back at once: the id is not used on a fence nobody can read.
+                if let Some(lease) = self.forget_lease(owner) {
+                    let _ = self
+                        .gateway
+                        .call("lease/revoke", json!({ "ID": lease.to_string() }))
+                        .await;
+                }
+                return Err(StoreError::Damaged(why));
+            }
+        };
         // No `worker/{id}` at all: the id was never held here, or etcd lost the key (restored
         // from a snapshot older than the holder's claim, who may still issue until its next
         // renewal). Read as a fence a whole lease ahead: the claimant waits that long.
-        Ok(Some(fence_in(&responses).unwrap_or_else(|| {
+        Ok(Some(fence.unwrap_or_else(|| {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
@@ -265,14 +298,15 @@ impl WorkerLeaseStore for EtcdLeases {
             else {
                 continue;
             };
-            let value: Option<WorkerValue> = serde_json::from_str(&kv.value_text()).ok();
+            // A fence nobody can read bounds neither a layout change nor a claim of the id.
+            let value = worker_value(&kv).map_err(StoreError::Damaged)?;
             rows.insert(
                 id,
                 WorkerRow {
                     worker_id: id,
-                    owner: value.as_ref().map(|v| v.owner.clone()).unwrap_or_default(),
+                    owner: value.owner,
                     lease: Lease::Ended,
-                    fence_ms: value.map_or(0, |v| v.fence_ms),
+                    fence_ms: value.fence_ms,
                 },
             );
         }
