@@ -392,6 +392,10 @@ impl HeldWorker for LeaseWorker {
         self.lease_ms
     }
 
+    fn abandon(&self) {
+        self.task.abort();
+    }
+
     async fn close(self: Box<Self>, last_issued_ms: Option<u64>) {
         self.stop.cancel();
         let _ = self.task.await;
@@ -678,7 +682,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(400)).await;
         let written = store.written.lock().unwrap().clone();
         assert!(written.len() >= 2, "{written:?}");
-        assert!(written.iter().all(|&f| f >= inherited), "{written:?} below {inherited}");
+        assert!(
+            written.iter().all(|&f| f >= inherited),
+            "{written:?} below {inherited}"
+        );
         held.close(None).await;
     }
 }

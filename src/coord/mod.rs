@@ -91,6 +91,9 @@ pub trait HeldWorker: Send + Sync {
     /// Releases the id (stops reports, removes liveness records). `last_issued_ms`: the
     /// timestamp of the last ID issued, once issuing has stopped for good.
     async fn close(self: Box<Self>, last_issued_ms: Option<u64>);
+    /// Stops every background task at once and writes nothing more (a process killed with
+    /// SIGKILL, as the simulation's kills are): the id stays held until its lease runs out.
+    fn abandon(&self) {}
 }
 
 /// What a coordinator with a link to a service tells operators (INFO, `/metrics`).
@@ -172,6 +175,13 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// SIGKILL: the fence stops moving and the id is not released (see
+    /// [`HeldWorker::abandon`]); what is on disk and in the store stays as it was.
+    pub fn abandon(self) {
+        self.fence_task.abort();
+        self.held.abandon();
+    }
+
     /// Stops extending the fence and releases the id. `last_issued_ms`, the timestamp of the
     /// last ID issued once issuing has stopped for good, becomes the durable fence, so a clean
     /// restart waits only if the clock is behind what was really issued.

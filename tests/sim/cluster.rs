@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use super::database::{Connection, Database, Link, NetFaults};
 use super::ledger::Ledger;
 use super::rng::Rng;
+use super::snowflake::SnowflakeRun;
 use super::trace::Trace;
 
 /// What one run explores.
@@ -38,6 +39,9 @@ pub struct SimConfig {
     /// only the day its node was in. Within PERIOD_AHEAD_MS of the day's end it now skips
     /// the next day's numbers too.)
     pub period: bool,
+    /// Every node also serves SNOWFLAKE, its worker id leased from the simulated `leaf_worker`
+    /// (failovers take the leases back with the rows; some runs wipe the table).
+    pub snowflake: bool,
 }
 
 impl SimConfig {
@@ -55,6 +59,7 @@ impl SimConfig {
             },
             restores: true,
             period: true,
+            snowflake: true,
         }
     }
 }
@@ -63,6 +68,8 @@ impl SimConfig {
 #[derive(Debug)]
 pub struct Outcome {
     pub ids: u64,
+    /// Of them, SNOWFLAKE IDs.
+    pub snowflake_ids: u64,
     pub trace: Vec<String>,
 }
 
@@ -110,6 +117,7 @@ impl Clock for SimClock {
 /// One run of a process on a node.
 struct Incarnation {
     engine: Arc<SegmentEngine>,
+    snowflake: Option<SnowflakeRun>,
     link: Arc<Link>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -117,6 +125,8 @@ struct Incarnation {
 struct Node {
     /// The state directory's marks, kept across kills.
     marks: Arc<SegmentMarks>,
+    /// The state directory on disk (the time fence, the worker id held last).
+    state_dir: tempfile::TempDir,
     /// The period rule its configuration gives the period tag, and its sequence digits.
     period: (&'static str, u32),
     clock: Arc<SimClock>,
@@ -171,13 +181,23 @@ impl Cluster {
             dead: AtomicBool::new(false),
             name: format!("n{i}#{}", node.runs),
         });
-        let store: Arc<dyn SegmentStore> = Arc::new(Connection {
+        let connection = Arc::new(Connection {
             db: self.db.clone(),
             link: link.clone(),
             rng: self.rng.clone(),
             faults: self.config.faults,
             trace: self.trace.clone(),
         });
+        let snowflake = self.config.snowflake.then(|| {
+            SnowflakeRun::start(
+                connection.clone(),
+                node.clock.clone(),
+                node.state_dir.path().to_path_buf(),
+                link.name.clone(),
+                self.trace.clone(),
+            )
+        });
+        let store: Arc<dyn SegmentStore> = connection;
         let engine = SegmentEngine::new(
             store,
             node.marks.clone(),
@@ -188,6 +208,7 @@ impl Cluster {
         self.trace.note(format!("{} starts", link.name));
         node.live = Some(Incarnation {
             engine,
+            snowflake,
             link,
             tasks: Vec::new(),
         });
@@ -226,6 +247,9 @@ impl Cluster {
             for task in run.tasks {
                 task.abort();
             }
+            if let Some(snowflake) = run.snowflake {
+                snowflake.kill();
+            }
             self.trace.note(format!("{} killed", run.link.name));
         }
     }
@@ -237,6 +261,9 @@ impl Cluster {
     }
 
     fn request(&mut self, i: usize) {
+        if self.config.snowflake && self.chance(20) {
+            return self.snowflake_request(i);
+        }
         let tags: Vec<&str> = TREND
             .iter()
             .map(|(t, _)| *t)
@@ -282,6 +309,35 @@ impl Cluster {
         run.tasks.push(task);
     }
 
+    /// `SNOWFLAKE` n on node `i`, once it holds a worker id.
+    fn snowflake_request(&mut self, i: usize) {
+        let n = if self.chance(70) {
+            1
+        } else {
+            1 + self.roll(200) as usize
+        };
+        let (ledger, trace) = (self.ledger.clone(), self.trace.clone());
+        let run = self.nodes[i].live.as_mut().expect("live");
+        let Some(engine) = run.snowflake.as_ref().and_then(SnowflakeRun::engine) else {
+            return;
+        };
+        let who = run.link.name.clone();
+        let task = tokio::spawn(async move {
+            match engine.next_ids(n).await {
+                Ok(ids) => {
+                    trace.note(format!(
+                        "{who} SNOWFLAKE {n} -> {}..={}",
+                        ids[0],
+                        ids[ids.len() - 1]
+                    ));
+                    ledger.snowflake(&who, engine.worker_id(), &ids);
+                }
+                Err(e) => trace.note(format!("{who} SNOWFLAKE {n} -> error {e}")),
+            }
+        });
+        run.tasks.push(task);
+    }
+
     fn admin(&mut self, i: usize) {
         let tag = TREND[self.roll(TREND.len() as u64) as usize].0.to_string();
         let which = self.roll(3);
@@ -318,26 +374,27 @@ impl Cluster {
     fn go_back(&mut self, failover: bool) {
         let now: HashMap<String, i64> = self.db.store.snapshot().max_ids().into_iter().collect();
         let mut k = 1 + self.roll(8) as usize;
-        let rows = loop {
-            let Some(rows) = self.db.before(k) else {
+        let state = loop {
+            let Some(state) = self.db.before(k) else {
                 return;
             };
-            let lost = rows
+            let lost = state
+                .0
                 .max_ids()
                 .iter()
                 .map(|(tag, max_id)| now.get(tag).copied().unwrap_or(0) - max_id)
                 .max()
                 .unwrap_or(0);
             if !failover || lost < self.config.lost_bound {
-                break rows;
+                break state;
             }
             k -= 1;
             if k == 0 {
                 return;
             }
         };
-        let back = rows.max_ids();
-        self.db.go_back(rows, k, failover);
+        let back = state.0.max_ids();
+        self.db.go_back(state, k, failover);
         if failover {
             self.trace
                 .note(format!("database fails over, {k} commits lost: {back:?}"));
@@ -407,6 +464,7 @@ impl Cluster {
                         if self.chance(20) {
                             // Its state directory lost: a new disk.
                             self.nodes[i].marks = SegmentMarks::in_memory();
+                            self.nodes[i].state_dir = tempfile::tempdir().expect("a state dir");
                             self.trace.note(format!("n{i} loses its state directory"));
                         }
                         self.start(i);
@@ -414,7 +472,11 @@ impl Cluster {
                 }
                 950..=964 => self.go_back(true),
                 965..=972 if self.config.restores => self.go_back(false),
-                973..=984 => {
+                973..=975 if self.config.snowflake => {
+                    self.db.wipe_leases();
+                    self.trace.note("leaf_worker wiped".to_string());
+                }
+                976..=984 => {
                     let step = self.roll(5001) as i64 - 2500;
                     self.nodes[pick]
                         .clock
@@ -465,6 +527,9 @@ pub fn run(config: SimConfig) -> Result<Outcome, Violation> {
         .expect("a runtime");
     runtime.block_on(async move {
         let seed = config.seed;
+        // The engines' own randomness (a snowflake sequence's first number, a lease owner's
+        // instance id) from the seed too: this thread runs the whole cluster.
+        fastrand::seed(seed);
         let trace = Arc::new(Trace::new());
         let mut rng = Rng::new(seed);
         // Within half a minute before a midnight (UTC): the period tag crosses it.
@@ -475,6 +540,7 @@ pub fn run(config: SimConfig) -> Result<Outcome, Violation> {
         let nodes = (0..config.nodes)
             .map(|i| Node {
                 marks: SegmentMarks::in_memory(),
+                state_dir: tempfile::tempdir().expect("a state dir"),
                 period: if otherwise == Some(i) {
                     OTHER_RULE
                 } else {
@@ -492,7 +558,7 @@ pub fn run(config: SimConfig) -> Result<Outcome, Violation> {
         let mut cluster = Cluster {
             config,
             rng: Arc::new(Mutex::new(rng)),
-            db: Database::new(),
+            db: Database::new(start, epoch_ms),
             trace: trace.clone(),
             ledger: Arc::new(Ledger::default()),
             nodes,
@@ -513,6 +579,7 @@ pub fn run(config: SimConfig) -> Result<Outcome, Violation> {
             }),
             None => Ok(Outcome {
                 ids: cluster.ledger.ids(),
+                snowflake_ids: cluster.ledger.snowflake_ids(),
                 trace: trace.all(),
             }),
         }

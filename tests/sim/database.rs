@@ -9,16 +9,17 @@
 //! call may be cut before or after it applied.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use leafd::storage::{
-    DbIdentity, Grant, LeafAlloc, MemoryRows, MemoryStore, NewTag, SegmentStore, StoreError,
-    WorkerLeaseStore,
+    DbIdentity, Grant, LeafAlloc, LeaseKeeper, MemoryRows, MemoryStore, NewTag, SegmentStore,
+    StoreError, WorkerLeaseStore, WorkerRow,
 };
 
+use super::leases::LeaseRows;
 use super::rng::Rng;
 use super::trace::Trace;
 
@@ -27,16 +28,36 @@ const HISTORY: usize = 32;
 
 pub struct Database {
     pub store: MemoryStore,
+    /// `leaf_worker`.
+    leases: Mutex<LeaseRows>,
+    /// The instance answering (a failover moves to another).
+    instance: AtomicU64,
+    /// The database's clock: the simulated time from `epoch_ms` (no node's offset).
+    start: tokio::time::Instant,
+    epoch_ms: i64,
     /// The state after each of the last commits, newest last.
-    history: Mutex<VecDeque<MemoryRows>>,
+    history: Mutex<VecDeque<(MemoryRows, LeaseRows)>>,
 }
 
 impl Database {
-    pub fn new() -> Arc<Database> {
+    pub fn new(start: tokio::time::Instant, epoch_ms: u64) -> Arc<Database> {
         Arc::new(Database {
             store: MemoryStore::new(),
+            leases: Mutex::new(LeaseRows::created(0)),
+            instance: AtomicU64::new(0),
+            start,
+            epoch_ms: epoch_ms as i64,
             history: Mutex::new(VecDeque::new()),
         })
+    }
+
+    /// The database's own time, in UNIX ms.
+    pub fn now_ms(&self) -> i64 {
+        self.epoch_ms + self.start.elapsed().as_millis() as i64
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, LeaseRows> {
+        self.leases.lock().unwrap()
     }
 
     /// Called after every write that committed.
@@ -45,25 +66,39 @@ impl Database {
         if history.len() == HISTORY {
             history.pop_front();
         }
-        history.push_back(self.store.snapshot());
+        history.push_back((self.store.snapshot(), self.leases().clone()));
     }
 
     /// The state `k` commits before the newest (`None`: not that many kept).
-    pub fn before(&self, k: usize) -> Option<MemoryRows> {
+    pub fn before(&self, k: usize) -> Option<(MemoryRows, LeaseRows)> {
         let history = self.history.lock().unwrap();
         let at = history.len().checked_sub(1 + k)?;
         history.get(at).cloned()
     }
 
-    /// Goes back to `rows`; `new_instance`: a replica answers (a failover), else a restore.
+    /// Goes back to `state`; `new_instance`: a replica answers (a failover), else a restore.
     /// The lost commits leave the history.
-    pub fn go_back(&self, rows: MemoryRows, k: usize, new_instance: bool) {
+    pub fn go_back(&self, state: (MemoryRows, LeaseRows), k: usize, new_instance: bool) {
         let mut history = self.history.lock().unwrap();
         for _ in 0..k.min(history.len()) {
             history.pop_back();
         }
+        let (rows, leases) = state;
         self.store.restore(rows, new_instance);
-        history.push_back(self.store.snapshot());
+        // A failover loses the lease table's last commits too. A restore puts `leaf_alloc`
+        // back only: an older `leaf_worker` on the same instance is what the table cannot tell
+        // (docs/concepts/worker-ids.md: stop the nodes for a lease first).
+        if new_instance {
+            *self.leases() = leases;
+            self.instance.fetch_add(1, Ordering::SeqCst);
+        }
+        history.push_back((self.store.snapshot(), self.leases().clone()));
+    }
+
+    /// `DELETE FROM leaf_worker`: every lease, fence and record gone at once.
+    pub fn wipe_leases(&self) {
+        *self.leases() = LeaseRows::wiped();
+        self.committed();
     }
 }
 
@@ -250,5 +285,84 @@ impl Database {
     /// skips).
     pub fn committed_now(&self) {
         self.committed();
+    }
+}
+
+/// `leaf_worker` through the same connection: every call delayed, cut or its reply lost.
+#[async_trait]
+impl WorkerLeaseStore for Connection {
+    fn keeper(&self) -> LeaseKeeper {
+        LeaseKeeper::DATABASE
+    }
+
+    async fn instance_changed_within(&self, window_ms: i64) -> Result<bool, StoreError> {
+        let db = &self.db;
+        self.write("instance_changed_within", async {
+            let instance = db.instance.load(Ordering::SeqCst);
+            Ok(db
+                .leases()
+                .instance_changed_within(instance, db.now_ms(), window_ms))
+        })
+        .await
+    }
+
+    async fn claim(
+        &self,
+        worker_id: i64,
+        owner: &str,
+        lease_ms: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let db = &self.db;
+        let claimed = self
+            .write("claim", async {
+                Ok(db.leases().claim(worker_id, owner, db.now_ms(), lease_ms))
+            })
+            .await?;
+        self.trace.note(format!(
+            "{} claims worker id {worker_id} -> {claimed:?}",
+            self.link.name
+        ));
+        Ok(claimed)
+    }
+
+    async fn renew(
+        &self,
+        worker_id: i64,
+        owner: &str,
+        lease_ms: i64,
+        fence_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let db = &self.db;
+        self.write("renew", async {
+            db.leases()
+                .renew(worker_id, owner, db.now_ms(), lease_ms, fence_ms)
+        })
+        .await
+    }
+
+    async fn release(&self, worker_id: i64, owner: &str, fence_ms: i64) -> Result<(), StoreError> {
+        let db = &self.db;
+        self.write("release", async {
+            db.leases().release(worker_id, owner, fence_ms);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerRow>, StoreError> {
+        let db = &self.db;
+        self.read(async { db.leases().workers(db.now_ms()) }).await
+    }
+
+    async fn record_layout(
+        &self,
+        expected: Option<&str>,
+        layout: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let db = &self.db;
+        self.write("record_layout", async {
+            Ok(db.leases().record_layout(expected, layout))
+        })
+        .await
     }
 }

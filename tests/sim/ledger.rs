@@ -14,6 +14,8 @@ pub struct Ledger {
 #[derive(Default)]
 struct State {
     served: HashMap<String, HashSet<i64>>,
+    /// Every SNOWFLAKE ID replied, by every node, with who replied it.
+    snowflake: HashMap<i64, String>,
     /// Per strict tag, the largest ID replied so far.
     replied: HashMap<String, i64>,
     ids: u64,
@@ -76,11 +78,44 @@ impl Ledger {
         }
     }
 
+    /// Records the SNOWFLAKE reply `ids` of `who` holding `worker_id`: each ID once across
+    /// every node, increasing within the reply, carrying its worker id.
+    pub fn snowflake(&self, who: &str, worker_id: u64, ids: &[i64]) {
+        let layout = super::snowflake::layout();
+        let mut state = self.state.lock().unwrap();
+        let mut broken = None;
+        for (i, &id) in ids.iter().enumerate() {
+            if i > 0 && id <= ids[i - 1] {
+                broken.get_or_insert_with(|| {
+                    format!("{who}: SNOWFLAKE {id} after {} in one reply", ids[i - 1])
+                });
+            }
+            if layout.decode(id).map(|d| d.worker_id) != Some(worker_id) {
+                broken.get_or_insert_with(|| {
+                    format!("{who}: SNOWFLAKE {id} does not carry worker id {worker_id}")
+                });
+            }
+            if let Some(before) = state.snowflake.insert(id, who.to_string()) {
+                broken.get_or_insert_with(|| {
+                    format!("{who}: SNOWFLAKE ID {id} (worker id {worker_id}) handed out twice: {before} replied it first")
+                });
+            }
+        }
+        state.ids += ids.len() as u64;
+        if state.violation.is_none() {
+            state.violation = broken;
+        }
+    }
+
     pub fn violation(&self) -> Option<String> {
         self.state.lock().unwrap().violation.clone()
     }
 
     pub fn ids(&self) -> u64 {
         self.state.lock().unwrap().ids
+    }
+
+    pub fn snowflake_ids(&self) -> u64 {
+        self.state.lock().unwrap().snowflake.len() as u64
     }
 }

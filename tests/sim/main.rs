@@ -9,8 +9,10 @@
 
 mod cluster;
 mod database;
+mod leases;
 mod ledger;
 mod rng;
+mod snowflake;
 mod trace;
 
 use cluster::{run, SimConfig};
@@ -31,15 +33,22 @@ fn env_u64(name: &str) -> Option<u64> {
 
 #[test]
 fn fixed_seeds_keep_every_invariant() {
-    let mut ids = 0;
+    let (mut ids, mut snowflake_ids) = (0, 0);
     for seed in FIXED_SEEDS.chain(FOUND_SEEDS) {
         match run(SimConfig::new(seed)) {
-            Ok(outcome) => ids += outcome.ids,
+            Ok(outcome) => {
+                ids += outcome.ids;
+                snowflake_ids += outcome.snowflake_ids;
+            }
             Err(violation) => panic!("seed {seed}: {violation}"),
         }
     }
     // The runs served: a simulation that served nothing would keep every invariant.
     assert!(ids > 5_000 * FIXED_SEEDS.end, "only {ids} IDs served");
+    assert!(
+        snowflake_ids > 1_000 * FIXED_SEEDS.end,
+        "only {snowflake_ids} SNOWFLAKE IDs served"
+    );
 }
 
 #[test]

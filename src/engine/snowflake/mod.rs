@@ -5,7 +5,7 @@ pub mod layout;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use crate::coord::IssueLimit;
 pub use layout::{format_instant, parse_instant, Decoded, Layout};
@@ -250,13 +250,14 @@ impl SnowflakeEngine {
     pub async fn next_ids(&self, n: usize) -> Result<Vec<i64>, SnowflakeError> {
         let mut ids = Vec::with_capacity(n);
         let mut waited_backwards = false;
-        let mut fenced_since: Option<Instant> = None;
+        // The runtime's clock (the real one, except under a paused test runtime).
+        let mut fenced_since: Option<tokio::time::Instant> = None;
         while ids.len() < n {
             match self.try_next(n - ids.len())? {
                 Attempt::Ids(batch) => ids.extend(batch),
                 Attempt::NextMillisecond => tokio::time::sleep(self.until_next_step()).await,
                 Attempt::Fenced => {
-                    let since = *fenced_since.get_or_insert_with(Instant::now);
+                    let since = *fenced_since.get_or_insert_with(tokio::time::Instant::now);
                     if self.limit.is_revoked() || since.elapsed() >= self.limit_wait {
                         let reason = self.limit.reason(self.clock.now_millis());
                         return Err(SnowflakeError::Unavailable(reason));
@@ -513,7 +514,7 @@ mod tests {
         let id = engine.next_id().await.unwrap();
         assert_eq!(Layout::default().decode(id).unwrap().timestamp_ms, T0);
         clock.set(T0 + 3);
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         match engine.next_id().await {
             Err(SnowflakeError::Unavailable(reason)) => {
                 assert!(reason.contains("time fence"), "{reason}")
@@ -525,7 +526,7 @@ mod tests {
         let id = engine.next_id().await.unwrap();
         assert_eq!(Layout::default().decode(id).unwrap().timestamp_ms, T0 + 3);
         limit.revoke("taken over".into());
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         assert_eq!(
             engine.next_id().await,
             Err(SnowflakeError::Unavailable("taken over".into()))
