@@ -374,30 +374,31 @@ impl Cluster {
     fn go_back(&mut self, failover: bool) {
         let now: HashMap<String, i64> = self.db.store.snapshot().max_ids().into_iter().collect();
         let mut k = 1 + self.roll(8) as usize;
-        let state = loop {
-            let Some(state) = self.db.before(k) else {
+        let rows = loop {
+            let Some(rows) = self.db.before(k) else {
                 return;
             };
-            let lost = state
-                .0
+            let lost = rows
                 .max_ids()
                 .iter()
                 .map(|(tag, max_id)| now.get(tag).copied().unwrap_or(0) - max_id)
                 .max()
                 .unwrap_or(0);
             if !failover || lost < self.config.lost_bound {
-                break state;
+                break rows;
             }
             k -= 1;
             if k == 0 {
                 return;
             }
         };
-        let back = state.0.max_ids();
-        self.db.go_back(state, k, failover);
+        let back = rows.max_ids();
+        let lag = self.roll(1500) as i64;
+        self.db.go_back(rows, k, failover, lag);
         if failover {
-            self.trace
-                .note(format!("database fails over, {k} commits lost: {back:?}"));
+            self.trace.note(format!(
+                "database fails over, {k} commits lost: {back:?}; leaf_worker's last {lag} ms lost"
+            ));
             return;
         }
         // The runbook: every tag moved past what was served since the backup, before a node

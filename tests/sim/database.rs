@@ -35,8 +35,10 @@ pub struct Database {
     /// The database's clock: the simulated time from `epoch_ms` (no node's offset).
     start: tokio::time::Instant,
     epoch_ms: i64,
-    /// The state after each of the last commits, newest last.
-    history: Mutex<VecDeque<(MemoryRows, LeaseRows)>>,
+    /// `leaf_alloc` after each of its last commits, newest last.
+    history: Mutex<VecDeque<MemoryRows>>,
+    /// `leaf_worker` after each of its last commits, with the database time of each.
+    lease_history: Mutex<VecDeque<(i64, LeaseRows)>>,
 }
 
 impl Database {
@@ -48,6 +50,7 @@ impl Database {
             start,
             epoch_ms: epoch_ms as i64,
             history: Mutex::new(VecDeque::new()),
+            lease_history: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -60,45 +63,62 @@ impl Database {
         self.leases.lock().unwrap()
     }
 
-    /// Called after every write that committed.
+    /// Called after every write of `leaf_alloc` that committed.
     fn committed(&self) {
         let mut history = self.history.lock().unwrap();
         if history.len() == HISTORY {
             history.pop_front();
         }
-        history.push_back((self.store.snapshot(), self.leases().clone()));
+        history.push_back(self.store.snapshot());
     }
 
-    /// The state `k` commits before the newest (`None`: not that many kept).
-    pub fn before(&self, k: usize) -> Option<(MemoryRows, LeaseRows)> {
+    /// Called after every write of `leaf_worker` that committed.
+    fn lease_committed(&self) {
+        let mut history = self.lease_history.lock().unwrap();
+        if history.len() == HISTORY {
+            history.pop_front();
+        }
+        history.push_back((self.now_ms(), self.leases().clone()));
+    }
+
+    /// `leaf_alloc` `k` commits before the newest (`None`: not that many kept).
+    pub fn before(&self, k: usize) -> Option<MemoryRows> {
         let history = self.history.lock().unwrap();
         let at = history.len().checked_sub(1 + k)?;
         history.get(at).cloned()
     }
 
-    /// Goes back to `state`; `new_instance`: a replica answers (a failover), else a restore.
-    /// The lost commits leave the history.
-    pub fn go_back(&self, state: (MemoryRows, LeaseRows), k: usize, new_instance: bool) {
+    /// Goes back to `rows`; `new_instance`: a replica answers (a failover), else a restore.
+    /// The lost commits leave the history. A failover also loses what `leaf_worker`
+    /// committed in the last `lease_lag_ms` (the replica's lag, in time: the renewals and
+    /// claims of that long). A restore puts `leaf_alloc` back only: an older `leaf_worker` on
+    /// the same instance is what the table cannot tell (docs/concepts/worker-ids.md: stop the
+    /// nodes for a lease first).
+    pub fn go_back(&self, rows: MemoryRows, k: usize, new_instance: bool, lease_lag_ms: i64) {
         let mut history = self.history.lock().unwrap();
         for _ in 0..k.min(history.len()) {
             history.pop_back();
         }
-        let (rows, leases) = state;
         self.store.restore(rows, new_instance);
-        // A failover loses the lease table's last commits too. A restore puts `leaf_alloc`
-        // back only: an older `leaf_worker` on the same instance is what the table cannot tell
-        // (docs/concepts/worker-ids.md: stop the nodes for a lease first).
+        history.push_back(self.store.snapshot());
+        drop(history);
         if new_instance {
-            *self.leases() = leases;
+            let until = self.now_ms() - lease_lag_ms;
+            let mut leases = self.lease_history.lock().unwrap();
+            while leases.len() > 1 && leases.back().is_some_and(|(at, _)| *at > until) {
+                leases.pop_back();
+            }
+            if let Some((_, kept)) = leases.back() {
+                *self.leases() = kept.clone();
+            }
             self.instance.fetch_add(1, Ordering::SeqCst);
         }
-        history.push_back((self.store.snapshot(), self.leases().clone()));
     }
 
     /// `DELETE FROM leaf_worker`: every lease, fence and record gone at once.
     pub fn wipe_leases(&self) {
         *self.leases() = LeaseRows::wiped();
-        self.committed();
+        self.lease_committed();
     }
 }
 
@@ -152,11 +172,31 @@ impl Connection {
         Ok(value)
     }
 
-    /// A call that writes: cut before it applies, or applied and committed with its reply lost.
+    /// A call that writes `leaf_alloc`: cut before it applies, or applied and committed with
+    /// its reply lost.
     async fn write<T>(
         &self,
         what: &str,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.write_to(what, call, || self.db.committed()).await
+    }
+
+    /// A call that writes `leaf_worker`, as [`Connection::write`].
+    async fn write_lease<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.write_to(what, call, || self.db.lease_committed())
+            .await
+    }
+
+    async fn write_to<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+        committed: impl Fn(),
     ) -> Result<T, StoreError> {
         self.transit().await?;
         if self.rng.lock().unwrap().chance(self.faults.cut_before) {
@@ -168,7 +208,7 @@ impl Connection {
         }
         let value = call.await;
         if value.is_ok() {
-            self.db.committed();
+            committed();
         }
         if self.rng.lock().unwrap().chance(self.faults.lost_reply) {
             self.trace
@@ -285,6 +325,7 @@ impl Database {
     /// skips).
     pub fn committed_now(&self) {
         self.committed();
+        self.lease_committed();
     }
 }
 
@@ -297,7 +338,7 @@ impl WorkerLeaseStore for Connection {
 
     async fn instance_changed_within(&self, window_ms: i64) -> Result<bool, StoreError> {
         let db = &self.db;
-        self.write("instance_changed_within", async {
+        self.write_lease("instance_changed_within", async {
             let instance = db.instance.load(Ordering::SeqCst);
             Ok(db
                 .leases()
@@ -314,7 +355,7 @@ impl WorkerLeaseStore for Connection {
     ) -> Result<Option<i64>, StoreError> {
         let db = &self.db;
         let claimed = self
-            .write("claim", async {
+            .write_lease("claim", async {
                 Ok(db.leases().claim(worker_id, owner, db.now_ms(), lease_ms))
             })
             .await?;
@@ -333,7 +374,7 @@ impl WorkerLeaseStore for Connection {
         fence_ms: i64,
     ) -> Result<bool, StoreError> {
         let db = &self.db;
-        self.write("renew", async {
+        self.write_lease("renew", async {
             db.leases()
                 .renew(worker_id, owner, db.now_ms(), lease_ms, fence_ms)
         })
@@ -342,7 +383,7 @@ impl WorkerLeaseStore for Connection {
 
     async fn release(&self, worker_id: i64, owner: &str, fence_ms: i64) -> Result<(), StoreError> {
         let db = &self.db;
-        self.write("release", async {
+        self.write_lease("release", async {
             db.leases().release(worker_id, owner, fence_ms);
             Ok(())
         })
@@ -360,7 +401,7 @@ impl WorkerLeaseStore for Connection {
         layout: &str,
     ) -> Result<Option<String>, StoreError> {
         let db = &self.db;
-        self.write("record_layout", async {
+        self.write_lease("record_layout", async {
             Ok(db.leases().record_layout(expected, layout))
         })
         .await
