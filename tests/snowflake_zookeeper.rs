@@ -662,3 +662,52 @@ async fn a_forever_node_leaf_wrote_sets_the_floor_and_one_nobody_can_read_is_ref
     let held = zk.list_children(&alive).await.unwrap_or_default();
     assert!(!held.contains(&"7".to_string()), "{held:?}");
 }
+
+/// A node that reused this endpoint's id while it was dead left its own child beside this
+/// endpoint's stale one: the restart takes the id back only past the fence that node wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_onto_an_id_another_node_reused_waits_for_that_nodes_fence() {
+    let Some(cluster) = Cluster::new("reused_under_two_names") else {
+        return;
+    };
+    let zk = cluster.client().await;
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    for path in [
+        cluster.cfg.root.clone(),
+        format!("{}/{}", cluster.cfg.root, cluster.cfg.cluster),
+        cluster.forever(),
+    ] {
+        match zk.create(&path, b"", &persistent).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => panic!("{path}: {e}"),
+        }
+    }
+    let now = SystemClock.now_millis();
+    let mine = "10.0.8.1:8080";
+    zk.create(
+        &format!("{}/{mine}-0000000006", cluster.forever()),
+        format!(
+            r#"{{"endpoint":"{mine}","worker_id":6,"timestamp":{},"fence":0}}"#,
+            now - 600_000
+        )
+        .as_bytes(),
+        &persistent,
+    )
+    .await
+    .unwrap();
+    let fence = now + 4000;
+    zk.create(
+        &format!("{}/10.0.8.2:8080-0000000006", cluster.forever()),
+        format!(
+            r#"{{"endpoint":"10.0.8.2:8080","worker_id":6,"timestamp":{now},"fence":{fence}}}"#
+        )
+        .as_bytes(),
+        &persistent,
+    )
+    .await
+    .unwrap();
+    let worker = cluster.acquire(mine).await.unwrap();
+    assert_eq!((worker.worker_id, worker.floor_ms), (6, fence));
+    worker.close().await;
+}

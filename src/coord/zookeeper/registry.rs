@@ -317,9 +317,15 @@ impl Registry {
             if id > self.max_worker_id {
                 continue;
             }
+            // Every child naming the id counts, not only this endpoint's: a node that reused
+            // it while this one was dead left its own child beside a name of this endpoint's
+            // it did not delete (one id may have two names), and its fence may be ahead.
             let mut floor_ms = 0;
-            for name in &names {
-                if let Some((data, _)) = self.read(client, &self.forever_path(name)).await? {
+            for child in children
+                .iter()
+                .filter(|child| parse_child(child).is_some_and(|(_, other)| other == id))
+            {
+                if let Some((data, _)) = self.read(client, &self.forever_path(child)).await? {
                     floor_ms = floor_ms.max(data.map_err(CoordError::NoFreeWorkerId)?.floor());
                 }
             }
