@@ -56,6 +56,7 @@ impl SimConfig {
                 cut_before: 3,
                 lost_reply: 3,
                 max_delay_ms: 3,
+                hold_permille: 2,
             },
             restores: true,
             period: true,
@@ -226,6 +227,7 @@ impl Cluster {
                 cut_before: 0,
                 lost_reply: 0,
                 max_delay_ms: 0,
+                hold_permille: 0,
             },
             trace: self.trace.clone(),
         });

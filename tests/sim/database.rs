@@ -137,6 +137,9 @@ pub struct NetFaults {
     pub lost_reply: u64,
     /// Most milliseconds a call takes each way.
     pub max_delay_ms: u64,
+    /// The link stalls: the call is held for 0.5–3 s on its way (a lock wait, a stalled
+    /// connection), in tenths of a percent of calls.
+    pub hold_permille: u64,
 }
 
 /// A node's [`SegmentStore`]: the database behind a connection that fails on purpose.
@@ -154,7 +157,12 @@ fn gone(what: &str) -> StoreError {
 
 impl Connection {
     async fn transit(&self) -> Result<(), StoreError> {
-        let ms = self.rng.lock().unwrap().below(self.faults.max_delay_ms + 1);
+        let mut ms = self.rng.lock().unwrap().below(self.faults.max_delay_ms + 1);
+        if self.rng.lock().unwrap().below(1000) < self.faults.hold_permille {
+            ms += 500 + self.rng.lock().unwrap().below(2500);
+            self.trace
+                .note(format!("{}: a call held {ms} ms", self.link.name));
+        }
         if ms > 0 {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
