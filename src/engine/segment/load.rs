@@ -33,18 +33,21 @@ impl SegmentEngine {
             return Err(SegmentError::Exhausted(buffer.name.to_string()));
         };
         let started = std::time::Instant::now();
-        let result = tokio::time::timeout(
-            self.settings.load_timeout,
-            self.allocate_guarded(buffer, Some(span)),
-        )
-        .await;
+        let deadline = tokio::time::Instant::now() + self.settings.load_timeout;
+        let result =
+            tokio::time::timeout_at(deadline, self.allocate_guarded(buffer, Some(span))).await;
         let outcome = match result {
             Ok(Ok(guarded)) => guarded,
             Ok(Err(e)) => Err(LoadFailure::from_store(&e)),
             Err(_) => {
                 return Err(SegmentError::Unavailable {
                     tag: buffer.name.to_string(),
-                    reason: "database unreachable: it did not answer in time".into(),
+                    reason: super::timed_out(
+                        "no block allocated",
+                        self.settings.load_timeout,
+                        super::LOAD_TIMEOUT_KEY,
+                        deadline,
+                    ),
                 })
             }
         };
@@ -307,11 +310,18 @@ impl SegmentEngine {
                 result => result,
             }
         };
-        let result = match tokio::time::timeout(limit, near_end(requested_step)).await {
+        let deadline = tokio::time::Instant::now() + limit;
+        let result = match tokio::time::timeout_at(deadline, near_end(requested_step)).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable(
-                "database did not answer in time".into(),
-            )),
+            Err(_) => Ok(Err(LoadFailure::Unavailable(
+                super::timed_out(
+                    "no segment loaded",
+                    limit,
+                    "a background load's limit: 5 × segment.load_timeout_ms, at least 5 s",
+                    deadline,
+                )
+                .into(),
+            ))),
         };
         let outcome = match result {
             Ok(Ok(alloc)) => Ok(alloc),

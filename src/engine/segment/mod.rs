@@ -37,6 +37,31 @@ use crate::storage::{AllocationBatcher, SegmentMarks, SegmentStore, StoreError};
 
 pub use crate::storage::{zone_names_a_place, MAX_ID_DELTA};
 
+/// The setting a request's wait for the database is.
+pub(super) const LOAD_TIMEOUT_KEY: &str = "segment.load_timeout_ms";
+
+/// Why a request that waited `timeout` for the database, until `deadline`, got nothing: the
+/// database did not answer, or this node had no time to take the answer (a starved CPU, a
+/// paused process). Which one is not known, so both are said, and how late this node's own
+/// timer fired when it was late enough to tell.
+pub(super) fn timed_out(
+    what: &str,
+    timeout: std::time::Duration,
+    named: &str,
+    deadline: tokio::time::Instant,
+) -> String {
+    let late = tokio::time::Instant::now().saturating_duration_since(deadline);
+    let busy = if late >= std::time::Duration::from_millis(50) {
+        format!(" (its timer fired {} ms late)", late.as_millis())
+    } else {
+        String::new()
+    };
+    format!(
+        "{what} within {} ms ({named}): the database did not answer in time, or this node was too busy to take the answer{busy}",
+        timeout.as_millis()
+    )
+}
+
 /// Errors a caller of the engine can get; the RESP and HTTP layers map them to replies.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SegmentError {
@@ -339,9 +364,11 @@ impl SegmentEngine {
             if tokio::time::timeout_at(deadline, loaded).await.is_err() {
                 return Err(SegmentError::Unavailable {
                     tag: tag.to_string(),
-                    reason: format!(
-                        "database unreachable: no segment loaded within {} ms",
-                        self.settings.load_timeout.as_millis()
+                    reason: timed_out(
+                        "no segment loaded",
+                        self.settings.load_timeout,
+                        LOAD_TIMEOUT_KEY,
+                        deadline,
                     ),
                 });
             }

@@ -77,14 +77,17 @@ impl SegmentEngine {
                 };
             }
         };
-        match tokio::time::timeout(self.settings.load_timeout, served).await {
+        let deadline = tokio::time::Instant::now() + self.settings.load_timeout;
+        match tokio::time::timeout_at(deadline, served).await {
             Ok(result) => result,
             // Whatever allocation this request joins later is skipped, never handed out twice.
             Err(_) => Err(SegmentError::Unavailable {
                 tag: buffer.name.to_string(),
-                reason: format!(
-                    "database unreachable: no allocation within {} ms",
-                    self.settings.load_timeout.as_millis()
+                reason: super::timed_out(
+                    "no allocation",
+                    self.settings.load_timeout,
+                    super::LOAD_TIMEOUT_KEY,
+                    deadline,
                 ),
             }),
         }

@@ -686,3 +686,29 @@ async fn a_period_skip_near_the_periods_end_skips_the_next_period_too() {
         assert_eq!(engine.next_ids("p", 1).await.unwrap(), next, "at {now_ms}");
     }
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_timeout_says_both_causes_and_how_late_a_starved_node_woke() {
+    let deadline = tokio::time::Instant::now();
+    let on_time = super::timed_out(
+        "no segment loaded",
+        Duration::from_millis(1000),
+        super::LOAD_TIMEOUT_KEY,
+        deadline,
+    );
+    assert_eq!(
+        on_time,
+        "no segment loaded within 1000 ms (segment.load_timeout_ms): the database did not answer in time, or this node was too busy to take the answer"
+    );
+    tokio::time::advance(Duration::from_millis(240)).await;
+    let late = super::timed_out(
+        "no allocation",
+        Duration::from_millis(1000),
+        super::LOAD_TIMEOUT_KEY,
+        deadline,
+    );
+    assert!(
+        late.ends_with("too busy to take the answer (its timer fired 240 ms late)"),
+        "{late}"
+    );
+}
