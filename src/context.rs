@@ -107,6 +107,14 @@ impl Context {
             .set(self.storage_ready() as u8 as f64);
         m.counter(SEGMENT_REQUEST_WAITS_TOTAL, &[])
             .absolute(self.segments.stats().request_waits.load(Ordering::Relaxed));
+        let stats = self.segments.stats();
+        for (result, count) in [
+            ("paid", &stats.strict_gathers_paid),
+            ("missed", &stats.strict_gathers_missed),
+        ] {
+            m.counter(SEGMENT_STRICT_GATHERS_TOTAL, &[("result", result)])
+                .absolute(count.load(Ordering::Relaxed));
+        }
         if let Some(engine) = self.snowflake_now() {
             let st = engine.stats();
             m.counter(SNOWFLAKE_IDS_TOTAL, &[])

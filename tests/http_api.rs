@@ -130,6 +130,9 @@ async fn metrics_page_has_the_design_metrics() {
         "leafd_snowflake_worker_id 9",
         "leafd_snowflake_clock_backward_total 0",
         "leafd_storage_ready 1",
+        // No strict tag here: both results exported, at 0.
+        "leafd_segment_strict_gathers_total{result=\"paid\"} 0",
+        "leafd_segment_strict_gathers_total{result=\"missed\"} 0",
         "leafd_commands_total{command=\"unknown\",result=\"error\"} 2",
         "leafd_snowflake_worker_info{worker_id=\"9\",coordinator=\"static\"} 1",
         &format!(

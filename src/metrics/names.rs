@@ -13,6 +13,7 @@ pub const SEGMENT_PRELOAD_THRESHOLD_IDS: &str = "leafd_segment_preload_threshold
 pub const SEGMENT_STEP: &str = "leafd_segment_step";
 pub const SEGMENT_TAG_INFO: &str = "leafd_segment_tag_info";
 pub const SEGMENT_REQUEST_WAITS_TOTAL: &str = "leafd_segment_request_waits_total";
+pub const SEGMENT_STRICT_GATHERS_TOTAL: &str = "leafd_segment_strict_gathers_total";
 pub const SEGMENT_ROLLBACKS_TOTAL: &str = "leafd_segment_rollbacks_total";
 pub const SEGMENT_FAILOVER_SKIPS_TOTAL: &str = "leafd_segment_failover_skips_total";
 pub const SNOWFLAKE_FENCE_AHEAD_SECONDS: &str = "leafd_snowflake_fence_ahead_seconds";
@@ -118,6 +119,10 @@ pub(super) const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         SEGMENT_REQUEST_WAITS_TOTAL,
         "Requests that had to wait for a segment load because both buffers were empty.",
+    ),
+    (
+        SEGMENT_STRICT_GATHERS_TOTAL,
+        "Times a strict tag's allocation waited for its requesters to come back first: result paid (enough came back and shared one allocation) or missed (they did not, within the wait).",
     ),
     (
         STORAGE_READY,

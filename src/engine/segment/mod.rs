@@ -126,6 +126,11 @@ pub struct SegmentStats {
     pub loads_failed: AtomicU64,
     /// Requests that had to wait for a load because both buffers were empty.
     pub request_waits: AtomicU64,
+    /// A strict tag's holder waited for its requesters to come back before allocating, and
+    /// enough did (one allocation served them together) …
+    pub strict_gathers_paid: AtomicU64,
+    /// … or they did not come back within the wait.
+    pub strict_gathers_missed: AtomicU64,
 }
 
 /// What a request does after looking at its tag's buffers under the lock.

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::oneshot;
 
-use super::gather::Gather;
+use super::gather::{Gather, Waited};
 use super::{LoadFailure, PeriodRule, SegmentEngine, SegmentError, TagBuffer};
 use crate::storage::StoreError;
 
@@ -54,7 +54,19 @@ impl SegmentEngine {
                     Err(oneshot::error::TryRecvError::Empty) => {}
                 }
                 if let Some(gather) = gather {
-                    gather.wait().await;
+                    match gather.wait().await {
+                        Waited::No => {}
+                        Waited::Paid => {
+                            self.stats
+                                .strict_gathers_paid
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        Waited::Missed => {
+                            self.stats
+                                .strict_gathers_missed
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                 }
                 let batch = std::mem::take(&mut *Self::strict_queue(buffer));
                 if batch.is_empty() {
