@@ -711,3 +711,56 @@ async fn a_restart_onto_an_id_another_node_reused_waits_for_that_nodes_fence() {
     assert_eq!((worker.worker_id, worker.floor_ms), (6, fence));
     worker.close().await;
 }
+
+/// The reports of a node that inherited a fence ahead of its clock keep that fence: a start that
+/// is then refused (the clock too far behind it) or killed while it waits must not leave the
+/// next holder a lower one (helper-7: 3,861,697 repeated IDs on the next start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_never_write_a_fence_below_the_one_inherited() {
+    let Some(cluster) = Cluster::new("inherited_fence_kept") else {
+        return;
+    };
+    let zk = cluster.client().await;
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    for path in [
+        cluster.cfg.root.clone(),
+        format!("{}/{}", cluster.cfg.root, cluster.cfg.cluster),
+        cluster.forever(),
+    ] {
+        match zk.create(&path, b"", &persistent).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => panic!("{path}: {e}"),
+        }
+    }
+    let endpoint = "10.0.7.1:8080";
+    let path = format!("{}/{endpoint}-0000000002", cluster.forever());
+    let fence = SystemClock.now_millis() + 60_000;
+    zk.create(
+        &path,
+        format!(
+            r#"{{"endpoint":"{endpoint}","worker_id":2,"timestamp":{},"fence":{fence}}}"#,
+            fence - 1000
+        )
+        .as_bytes(),
+        &persistent,
+    )
+    .await
+    .unwrap();
+    let worker = cluster.acquire(endpoint).await.unwrap();
+    assert_eq!((worker.worker_id, worker.floor_ms), (2, fence));
+    // Several reports (every 200 ms), each a lease (1 s) ahead of this clock.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (data, _) = zk.get_data(&path).await.unwrap();
+    let written: serde_json::Value = serde_json::from_slice(&data).unwrap();
+    assert!(
+        written["timestamp"].as_u64().unwrap() < fence - 1000,
+        "reported: {written}"
+    );
+    assert_eq!(written["fence"].as_u64(), Some(fence), "{written}");
+    // Killed here (no clean stop): the next start still waits for that fence.
+    worker.close().await;
+    let again = cluster.acquire(endpoint).await.unwrap();
+    assert_eq!((again.worker_id, again.floor_ms), (2, fence));
+    again.close().await;
+}

@@ -1015,3 +1015,39 @@ async fn a_fence_path_that_is_a_link_is_the_file_it_names() {
     );
     first.stop().await;
 }
+
+/// One SQLite file by two names: a hard link is refused at start (each name would get its own
+/// write-ahead log, a database of its own, and the same IDs), a symbolic link is one name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_database_with_a_second_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("seg.db");
+    let node = |path: &std::path::Path, state: &str| {
+        let mut config = Config::default();
+        config.storage.url = format!("sqlite://{}", path.display());
+        config.storage.state_dir = dir.path().join(state).display().to_string();
+        config
+    };
+    let first = App::open(test_config(node(&db, "a")))
+        .await
+        .expect("starts");
+    first.close().await;
+    let symlink = dir.path().join("seg-symlink.db");
+    std::os::unix::fs::symlink(&db, &symlink).unwrap();
+    let through_symlink = App::open(test_config(node(&symlink, "b")))
+        .await
+        .expect("a symbolic link is one name");
+    through_symlink.close().await;
+    let hard = dir.path().join("seg-hard.db");
+    std::fs::hard_link(&db, &hard).unwrap();
+    for path in [&db, &hard] {
+        let err = refused_start(node(path, "c")).await;
+        assert!(
+            err.contains(&format!(
+                "the SQLite database {} has 2 names (hard links): SQLite keeps its write-ahead log beside each name",
+                path.display()
+            )),
+            "{err}"
+        );
+    }
+}

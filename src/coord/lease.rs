@@ -196,9 +196,13 @@ impl LeaseCoordinator {
                     worker_id = id,
                     "the worker id this node held before is free again"
                 );
-                let floor =
-                    inherited_fence(self.table(), id, floor).map_err(CoordError::Database)?;
-                return Ok(Some((id, floor)));
+                return match inherited_fence(self.table(), id, floor) {
+                    Ok(floor) => Ok(Some((id, floor))),
+                    Err(why) => {
+                        let _ = self.store.release(id as i64, owner, floor).await;
+                        Err(CoordError::Database(why))
+                    }
+                };
             }
         }
         Ok(None)
@@ -255,8 +259,15 @@ impl Coordinator for LeaseCoordinator {
                     .await
                     .map_err(db)?
                 {
-                    let floor =
-                        inherited_fence(self.table(), id, floor).map_err(CoordError::Database)?;
+                    let floor = match inherited_fence(self.table(), id, floor) {
+                        Ok(floor) => floor,
+                        Err(why) => {
+                            // The claim is given back at once, the fence left as it was read:
+                            // the id waits for its fence to be put right, not for this lease.
+                            let _ = self.store.release(id as i64, &owner, floor).await;
+                            return Err(CoordError::Database(why));
+                        }
+                    };
                     granted = Some((id, floor));
                     break;
                 }
@@ -554,6 +565,12 @@ mod tests {
         );
         // Nothing remembered: a restart does not ask for that id as its own.
         assert!(!dir.path().join("worker.json").exists());
+        // The claim is given back, the fence left as it was read.
+        let rows = store.workers().await.unwrap();
+        assert!(
+            rows.iter().all(|r| !r.lease.live() && r.fence_ms == -5),
+            "{rows:?}"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]

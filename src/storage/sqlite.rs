@@ -43,6 +43,7 @@ impl SqliteStore {
                 ))
             })?;
         }
+        refuse_hard_links(&path)?;
         let options = SqliteConnectOptions::from_str("sqlite:")?
             .filename(&path)
             .create_if_missing(true)
@@ -85,6 +86,22 @@ impl SqliteStore {
             writes: tokio::sync::Mutex::new(()),
             turns: WriterTurns::beside(&path),
         })
+    }
+}
+
+/// A database file with more than one name is refused: SQLite keeps its `-wal` and `-shm`
+/// beside the name it was opened by, so processes reaching one file by two names (a hard link)
+/// each see a database of their own, and both serve the same IDs (helper-7: 3,340,107 repeated
+/// snowflake IDs, every segment ID twice). A symbolic link is one name, and is fine.
+fn refuse_hard_links(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.nlink() > 1 => Err(StoreError::FileAccess(format!(
+            "the SQLite database {} has {} names (hard links): SQLite keeps its write-ahead log beside each name, so nodes opening it by different names would each see a database of their own and serve the same IDs; give every node the same path (a symbolic link is fine) and remove the other names",
+            path.display(),
+            meta.nlink()
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -355,8 +355,14 @@ impl Registry {
         let child = format!("{}-{seq:010}", child_endpoint(&self.endpoint));
         if seq >= 0 && (seq as u64) <= self.max_worker_id {
             let id = seq as u64;
+            // The wait below is in the node from the start: a start killed during it, or
+            // refused, must not leave the next start of this endpoint a shorter one.
             client
-                .set_data(&self.forever_path(&child), &self.data(id, now, 0), None)
+                .set_data(
+                    &self.forever_path(&child),
+                    &self.data(id, now, now + self.cfg.lease_ms),
+                    None,
+                )
                 .await?;
             if self.claim_alive(client, id, None).await? == Claim::Claimed {
                 // A sequence number ZooKeeper never gave before, as far as it remembers: after

@@ -37,6 +37,10 @@ pub(super) async fn supervise(
     stop: CancellationToken,
 ) {
     let id = registered.id;
+    // What this node's reports never write below: the fence its id's previous holders left.
+    // The first report goes out while the start may still wait for that fence (or be refused,
+    // or killed): a lower one would let the next holder start below IDs already issued.
+    let inherited = registered.floor_ms;
     let interval = Duration::from_millis(registry.cfg.report_interval_ms);
     let path = registry.forever_path(&registered.child);
     let watch_fired = Arc::new(Notify::new());
@@ -61,7 +65,7 @@ pub(super) async fn supervise(
         }
         first = false;
         if client.is_none() {
-            match reconnect(&registry, &path, id, old_session).await {
+            match reconnect(&registry, &path, id, old_session, inherited).await {
                 Ok(Some(fresh)) => {
                     tracing::info!(worker_id = id, "ZooKeeper session re-established");
                     watch_armed.store(false, Ordering::SeqCst);
@@ -95,7 +99,7 @@ pub(super) async fn supervise(
         }
         // Never write a smaller time than before: the clock may have stepped back.
         let now = registry.clock.now_millis().max(last_written);
-        let fence = now + registry.lease_ms();
+        let fence = (now + registry.lease_ms()).max(inherited);
         match active
             .set_data(&path, &registry.data(id, now, fence), None)
             .await
@@ -209,6 +213,7 @@ async fn reconnect(
     path: &str,
     id: u64,
     old_session: Option<i64>,
+    inherited: u64,
 ) -> Result<Option<Client>, ZkError> {
     let client = registry.connect().await?;
     client.mkdir(&registry.alive, &persistent()).await?;
@@ -230,7 +235,7 @@ async fn reconnect(
                 return Ok(None);
             }
             match client
-                .create(path, &registry.data(id, now, 0), &persistent())
+                .create(path, &registry.data(id, now, inherited), &persistent())
                 .await
             {
                 Ok(_) | Err(ZkError::NodeExists) => {}
